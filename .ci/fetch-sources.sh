@@ -1,0 +1,21 @@
+#!/bin/bash
+# Fetch the real upstream inputs the tests use from the Debian archive this machine's apt is
+# configured with (the URI is read at run time, never written down), each checked by sha256:
+# PyTorch 1.13.1 (Debian's orig tarball, the real upstream tree without submodules) and
+# fmt 7.1.3 (bullseye's fmtlib orig tarball: the real third_party/fmt source).
+set -euo pipefail
+CACHE=${PATCHER_CI_CACHE:-/var/cache/patcher-ci}
+DEST="$CACHE/debian-src"
+mkdir -p "$DEST"
+MIRROR=$(python3 "$(dirname "$0")/../patcher/hostapt.py")
+
+fetch() {  # fetch POOL_PATH SHA256
+  local name; name=$(basename "$1")
+  if [ -f "$DEST/$name" ] && echo "$2  $DEST/$name" | sha256sum -c --status; then return 0; fi
+  curl -fsSL --retry 3 -o "$DEST/$name.part" "$MIRROR/$1"
+  echo "$2  $DEST/$name.part" | sha256sum -c --status || { echo "sha256 mismatch: $name" >&2; rm -f "$DEST/$name.part"; exit 1; }
+  mv "$DEST/$name.part" "$DEST/$name"
+}
+fetch pool/main/p/pytorch/pytorch_1.13.1+dfsg.orig.tar.xz d0355588b8528566d477e6ebf1b4d9d036a6fd75711339f66b27472ce5879dc7
+fetch pool/main/f/fmtlib/fmtlib_7.1.3+ds1.orig.tar.gz 56f46293763b9acbe362e66cebdd9b1299cfdfe66ac68009a3fc0364afc66cf4
+echo "sources in $DEST"

@@ -1,0 +1,30 @@
+# patcher: `make install` then `make test`. See README.md.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast lint bench clean
+
+install: $(BIN)/patcher
+
+$(BIN)/patcher: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@touch $@
+
+test: install
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(BIN)/pytest -m 'not docker and not slow' $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check patcher tests benchmarks
+
+bench: install
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,214 @@
+"""One exception family; every class carries its own exit code.
+
+A user mistake or a bad environment raises a PatcherError subclass: the CLI prints
+``patcher: error: <message>`` on one line and exits with ``exit_code``; no traceback.
+Codes are grouped by stage (1x spec, 2x fetch, 3x patch, 4x build, 5x probe, 6x evidence,
+7x publish, 8x mirror, 9x compile-check). Never reuse a code: scripts depend on them.
+"""
+
+from __future__ import annotations
+
+
+class PatcherError(Exception):
+    """Base class. ``hint`` is the way out, appended to the message."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+# --- configuration and spec resolution (1x) ---------------------------------------------
+class ConfigError(PatcherError):
+    exit_code = 10
+
+
+class UnknownVersionError(PatcherError):
+    exit_code = 11
+
+
+class UnsupportedCombinationError(PatcherError):
+    """A combination the matrix refuses (Spack's ``conflicts``): python, arch, gcc, cuda."""
+
+    exit_code = 12
+
+
+class UnpinnedInputError(PatcherError):
+    """An external input with no known checksum or digest: the user must pin it."""
+
+    exit_code = 13
+
+
+class RegistryError(PatcherError):
+    """A registry could not resolve a tag to a digest (patcher lock)."""
+
+    exit_code = 14
+
+
+class TemplateError(PatcherError):
+    exit_code = 15
+
+
+# --- fetch (2x) ---------------------------------------------------------------------------
+class FetchError(PatcherError):
+    exit_code = 20
+
+
+class TagMismatchError(FetchError):
+    """The tag points at another commit than the matrix pins: a supply-chain event."""
+
+    exit_code = 21
+
+
+class SubmoduleError(FetchError):
+    exit_code = 22
+
+
+class UnreachableInputError(FetchError):
+    """An input could not be downloaded; the message names it and the mirror setting."""
+
+    exit_code = 23
+
+
+class ChecksumMismatchError(FetchError):
+    exit_code = 24
+
+
+# --- patches (3x) -------------------------------------------------------------------------
+class PatchFormatError(PatcherError):
+    exit_code = 30
+
+
+class PatchApplyError(PatcherError):
+    exit_code = 31
+
+
+class DirtyTreeError(PatcherError):
+    exit_code = 32
+
+
+class PatchNotFoundError(PatcherError):
+    exit_code = 33
+
+
+# --- build (4x) ---------------------------------------------------------------------------
+class DockerUnavailableError(PatcherError):
+    exit_code = 40
+
+
+class DockerPermissionError(PatcherError):
+    exit_code = 41
+
+
+class ImageBuildError(PatcherError):
+    exit_code = 42
+
+
+class WheelBuildError(PatcherError):
+    exit_code = 43
+
+
+class DiskFullError(PatcherError):
+    exit_code = 44
+
+
+class BuildTimeoutError(PatcherError):
+    exit_code = 45
+
+
+class WorkDirError(PatcherError):
+    """The work directory is missing, locked or holds another build's record."""
+
+    exit_code = 46
+
+
+class ReproducibilityError(PatcherError):
+    exit_code = 47
+
+
+class InterruptedByUser(PatcherError):
+    exit_code = 130
+
+
+# --- probe (5x) ---------------------------------------------------------------------------
+class ProbeFailedError(PatcherError):
+    """A required probe check failed."""
+
+    exit_code = 50
+
+
+class ProbeRunError(PatcherError):
+    """The probe could not run at all (no interpreter, no torch, bad report)."""
+
+    exit_code = 51
+
+
+# --- evidence and verification (6x) --------------------------------------------------------
+class SigningKeyError(PatcherError):
+    """A signing key is missing, unreadable or of the wrong kind."""
+
+    exit_code = 60
+
+
+class WheelDigestMismatchError(PatcherError):
+    exit_code = 61
+
+
+class SignatureError(PatcherError):
+    exit_code = 62
+
+
+class PatchSeriesMismatchError(PatcherError):
+    exit_code = 63
+
+
+class ProbeReportNotPassedError(PatcherError):
+    exit_code = 64
+
+
+class EvidenceFormatError(PatcherError):
+    exit_code = 65
+
+
+# --- publish (7x) -------------------------------------------------------------------------
+class PublishError(PatcherError):
+    exit_code = 70
+
+
+class IndexLockedError(PublishError):
+    exit_code = 71
+
+
+class UploadError(PublishError):
+    exit_code = 72
+
+
+class AlreadyPublishedError(PublishError):
+    exit_code = 73
+
+
+# --- mirror (8x) --------------------------------------------------------------------------
+class MirrorIncompleteError(PatcherError):
+    exit_code = 80
+
+
+class MirrorCorruptError(PatcherError):
+    exit_code = 81
+
+
+class BundleError(PatcherError):
+    exit_code = 82
+
+
+# --- compile check (9x) --------------------------------------------------------------------
+class CompileCheckFailedError(PatcherError):
+    exit_code = 90
+
+
+class CompileCheckSetupError(PatcherError):
+    exit_code = 91

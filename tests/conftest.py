@@ -1,0 +1,27 @@
+"""Shared test setup. Fixtures of each area live in tests/fixtures/<area>.py."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CI_CACHE = Path(os.environ.get("PATCHER_CI_CACHE", "/var/cache/patcher-ci"))
+
+pytest_plugins = [
+    "tests.fixtures.common",
+    "tests.fixtures.realtree",
+    "tests.fixtures.docker_env",
+    "tests.fixtures.torch_env",
+    "tests.fixtures.index_env",
+]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_settings(monkeypatch, tmp_path):
+    """No test reads the developer's own config or writes into ~/.cache."""
+    for var in list(os.environ):
+        if var.startswith("PATCHER_") and var not in {"PATCHER_CI_CACHE"}:
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("PATCHER_CACHE_DIR", str(tmp_path / "cache"))
