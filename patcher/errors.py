@@ -148,6 +148,30 @@ class ProbeRunError(PatcherError):
     exit_code = 51
 
 
+class ProbeTargetError(ProbeRunError):
+    """The interpreter, image or wheel to probe does not exist or cannot be started."""
+
+    exit_code = 52
+
+
+class TorchMissingError(ProbeRunError):
+    """The target interpreter cannot import torch."""
+
+    exit_code = 53
+
+
+class WheelInstallError(ProbeRunError):
+    """The wheel could not be installed into a fresh environment to probe it."""
+
+    exit_code = 54
+
+
+class ProbeTimeoutError(ProbeRunError):
+    """The probe run as a whole outlasted its time limit."""
+
+    exit_code = 55
+
+
 # --- evidence and verification (6x) --------------------------------------------------------
 class SigningKeyError(PatcherError):
     """A signing key is missing, unreadable or of the wrong kind."""
@@ -173,6 +197,12 @@ class ProbeReportNotPassedError(PatcherError):
 
 class EvidenceFormatError(PatcherError):
     exit_code = 65
+
+
+class KeyMismatchError(SignatureError):
+    """The evidence is signed, but by another key than the one trusted."""
+
+    exit_code = 66
 
 
 # --- publish (7x) -------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 
 import pytest
@@ -10,7 +12,10 @@ pytestmark = pytest.mark.realtree
 
 
 def _git(cwd, *args):
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t.invalid")
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
 
 
 def test_mirror_has_tag_commit_and_fmt_submodule(realtree_mirror):
@@ -38,9 +43,9 @@ def test_checkout_is_clean_tag_with_submodule(realtree_checkout, realtree_mirror
 
 def test_copy_to_leaves_shared_mirror_intact(realtree_mirror, tmp_path):
     copy = realtree_mirror.copy_to(tmp_path / "mirror")
-    _git(copy.pytorch_repo, "tag", "-f", "-a", copy.tag, "-m", "moved", f"{copy.commit}^{{tree}}"
-         if False else copy.commit)
-    import shutil
+    moved = _git(copy.pytorch_repo, "commit-tree", "-m", "moved", f"{copy.commit}^{{tree}}")
+    _git(copy.pytorch_repo, "tag", "-f", "-a", copy.tag, "-m", "moved", moved)
     shutil.rmtree(copy.fmt_repo)
     assert realtree_mirror.fmt_repo.is_dir()
+    assert _git(realtree_mirror.pytorch_repo, "rev-parse", f"{copy.tag}^{{commit}}") == realtree_mirror.commit
     assert copy.config_file.read_text().count(str(copy.root)) == 1

@@ -18,98 +18,162 @@
 // order, inside one thread, so results are bitwise reproducible.
 
 // BEGIN adaptive_max_pool2d
-// Gather form of the adaptive max pooling backward: one thread per input
-// element sums, in (oh, ow) order, the gradients of the output cells whose
-// recorded argmax is that element. Output cell oh pools rows
-// [floor(oh*H/OH), ceil((oh+1)*H/OH)), so row h can only be inside the windows
-// oh in [floor(h*OH/H), ceil((h+1)*OH/H)); likewise for columns. No atomics,
-// every input element is written exactly once.
+// Deterministic adaptive max pooling backward, without atomics.
+//
+// grad_input[h, w] is the sum of grad_output over the output cells whose
+// recorded argmax (indices) is h * W + w. Output cell oh pools rows
+// [floor(oh*H/OH), ceil((oh+1)*H/OH)), so row h can only be the argmax of cells
+// oh in [floor(h*OH/H), ceil((h+1)*OH/H)); likewise for columns. We sum those
+// candidate cells in (oh, ow) order, in the accumulate type, and store once.
+//
+// Most input elements are the argmax of no cell, so the work is organised per
+// output cell: grad_input is zero-filled, then each output cell looks at the
+// candidate cells of its own argmax. The first matching cell in (oh, ow) order
+// (the "leader") adds up all matching cells in that order and stores the sum;
+// the others store nothing. Each element has at most one writer and a fixed
+// summation order, so the result is bitwise reproducible.
+
+// n / d. The generic version divides; the uint32_t one (used whenever all
+// numerators fit in 32 bits) multiplies by a precomputed reciprocal, because
+// hardware integer division would dominate the kernel's cost.
+template <typename index_t>
+struct adaptive_max_pool2d_deterministic_divider {
+  index_t divisor;
+  explicit adaptive_max_pool2d_deterministic_divider(index_t d) : divisor(d) {}
+  __device__ __forceinline__ index_t div(index_t n) const { return n / divisor; }
+};
+
+template <>
+struct adaptive_max_pool2d_deterministic_divider<uint32_t> {
+  // q = (n + umulhi(n, magic)) >> shift with shift = ceil(log2(d)) and
+  // magic = floor(2^32 * (2^shift - d) / d) + 1; exact for every 32-bit n.
+  uint32_t magic;
+  uint32_t shift;
+  explicit adaptive_max_pool2d_deterministic_divider(uint32_t d) {
+    shift = 0;
+    while ((uint64_t(1) << shift) < d) {
+      ++shift;
+    }
+    magic = static_cast<uint32_t>(
+        ((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const {
+    return static_cast<uint32_t>((static_cast<uint64_t>(__umulhi(n, magic)) + n) >> shift);
+  }
+};
+
 template <typename scalar_t, typename opmath_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void adaptive_max_pool2d_backward_deterministic_kernel(
-    const index_t total,  // planes * isizeH * isizeW
+    const index_t total_out,  // planes * osizeH * osizeW
     const scalar_t* __restrict__ grad_output,  // planes x osizeH x osizeW, contiguous
     const int64_t* __restrict__ indices,       // planes x osizeH x osizeW, contiguous
-    scalar_t* __restrict__ grad_input,         // planes x isizeH x isizeW, contiguous
+    scalar_t* __restrict__ grad_input,         // planes x isizeH x isizeW, contiguous, zeroed
     const index_t isizeH, const index_t isizeW,
-    const index_t osizeH, const index_t osizeW) {
+    const index_t osizeH, const index_t osizeW,
+    const adaptive_max_pool2d_deterministic_divider<index_t> div_plane_out,  // by osizeH * osizeW
+    const adaptive_max_pool2d_deterministic_divider<index_t> div_H,          // by isizeH
+    const adaptive_max_pool2d_deterministic_divider<index_t> div_W) {        // by isizeW
   const index_t plane_in = isizeH * isizeW;
   const index_t plane_out = osizeH * osizeW;
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += stride) {
-    const index_t idx = static_cast<index_t>(linear);
-    const index_t w = idx % isizeW;
-    const index_t h = (idx / isizeW) % isizeH;
-    const index_t plane = idx / plane_in;
-    // int64 products: h * osizeH may not fit index_t
-    const index_t oh_begin = static_cast<index_t>((static_cast<int64_t>(h) * osizeH) / isizeH);
-    const index_t oh_end = static_cast<index_t>(
-        ((static_cast<int64_t>(h) + 1) * osizeH + isizeH - 1) / isizeH);
-    const index_t ow_begin = static_cast<index_t>((static_cast<int64_t>(w) * osizeW) / isizeW);
-    const index_t ow_end = static_cast<index_t>(
-        ((static_cast<int64_t>(w) + 1) * osizeW + isizeW - 1) / isizeW);
-    const int64_t target = static_cast<int64_t>(h) * isizeW + w;
+       linear < static_cast<int64_t>(total_out); linear += stride) {
+    const index_t o = static_cast<index_t>(linear);
+    const int64_t target = indices[o];
+    if (target < 0 || target >= static_cast<int64_t>(plane_in)) {
+      continue;  // not a valid argmax; nothing to route
+    }
+    const index_t plane = div_plane_out.div(o);
     const index_t out_base = plane * plane_out;
+    const index_t hw = static_cast<index_t>(target);
+    const index_t h = div_W.div(hw);
+    const index_t w = hw - h * isizeW;
+    const index_t oh_begin = div_H.div(h * osizeH);
+    const index_t oh_end = div_H.div(h * osizeH + osizeH + isizeH - 1);
+    const index_t ow_begin = div_W.div(w * osizeW);
+    const index_t ow_end = div_W.div(w * osizeW + osizeW + isizeW - 1);
     opmath_t acc = static_cast<opmath_t>(0);
-    for (index_t oh = oh_begin; oh < oh_end; ++oh) {
+    bool leader = true;
+    for (index_t oh = oh_begin; leader && oh < oh_end; ++oh) {
       const index_t row = out_base + oh * osizeW;
       for (index_t ow = ow_begin; ow < ow_end; ++ow) {
-        if (indices[row + ow] == target) {
-          acc += static_cast<opmath_t>(grad_output[row + ow]);
+        const index_t o2 = row + ow;
+        if (indices[o2] == target) {
+          if (o2 < o) {  // an earlier cell routes to the same element: it writes
+            leader = false;
+            break;
+          }
+          acc += static_cast<opmath_t>(grad_output[o2]);
         }
       }
     }
-    grad_input[idx] = static_cast<scalar_t>(acc);
+    if (leader) {
+      grad_input[plane * plane_in + hw] = static_cast<scalar_t>(acc);
+    }
   }
 }
 
-static inline int adaptive_max_pool2d_deterministic_blocks(int64_t n) {
-  const int64_t blocks = (n + 255) / 256;
-  return static_cast<int>(blocks < (int64_t(1) << 20) ? blocks : (int64_t(1) << 20));
+template <typename scalar_t, typename index_t>
+static void adaptive_max_pool2d_backward_deterministic_launch(
+    const at::TensorBase& grad_input_c,
+    const at::TensorBase& grad_output_c,
+    const at::TensorBase& indices_c,
+    int64_t total_out, int64_t isizeH, int64_t isizeW, int64_t osizeH, int64_t osizeW) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t blocks64 = (total_out + 255) / 256;
+  const int blocks = static_cast<int>(blocks64 < (int64_t(1) << 20) ? blocks64 : (int64_t(1) << 20));
+  adaptive_max_pool2d_backward_deterministic_kernel<scalar_t, opmath_t, index_t>
+      <<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+          static_cast<index_t>(total_out),
+          grad_output_c.data_ptr<scalar_t>(),
+          indices_c.data_ptr<int64_t>(),
+          grad_input_c.data_ptr<scalar_t>(),
+          static_cast<index_t>(isizeH), static_cast<index_t>(isizeW),
+          static_cast<index_t>(osizeH), static_cast<index_t>(osizeW),
+          adaptive_max_pool2d_deterministic_divider<index_t>(static_cast<index_t>(osizeH * osizeW)),
+          adaptive_max_pool2d_deterministic_divider<index_t>(static_cast<index_t>(isizeH)),
+          adaptive_max_pool2d_deterministic_divider<index_t>(static_cast<index_t>(isizeW)));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // grad_input_c, grad_output_c and indices_c must be contiguous; grad_input_c
-// is fully overwritten (it need not be zeroed).
+// is zero-filled here and then written.
 static void adaptive_max_pool2d_backward_deterministic(
     const at::TensorBase& grad_input_c,
     const at::TensorBase& grad_output_c,
     const at::TensorBase& indices_c,
     int64_t planes, int64_t isizeH, int64_t isizeW,
     int64_t osizeH, int64_t osizeW) {
-  const int64_t total = planes * isizeH * isizeW;
-  if (total == 0) {
+  const int64_t total_in = planes * isizeH * isizeW;
+  const int64_t total_out = planes * osizeH * osizeW;
+  if (total_in == 0) {
     return;
   }
-  const bool use_int32 =
-      total <= std::numeric_limits<int32_t>::max() &&
-      planes * osizeH * osizeW <= std::numeric_limits<int32_t>::max();
-  const int blocks = adaptive_max_pool2d_deterministic_blocks(total);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaMemsetAsync(grad_input_c.data_ptr(), 0,
+                                 total_in * grad_input_c.element_size(),
+                                 at::cuda::getCurrentCUDAStream()));
+  if (total_out == 0) {
+    return;
+  }
+  // 32-bit path: element offsets and the range numerators h*OH + OH + H - 1
+  // (and the same for w) must fit in 32 bits.
+  const int64_t u32_max = std::numeric_limits<uint32_t>::max();
+  const bool use_u32 =
+      total_in <= std::numeric_limits<int32_t>::max() &&
+      total_out <= std::numeric_limits<int32_t>::max() &&
+      isizeH * (osizeH + 1) <= u32_max && isizeW * (osizeW + 1) <= u32_max;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16,
       grad_input_c.scalar_type(),
       "adaptive_max_pool2d_backward_cuda_deterministic", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        if (use_int32) {
-          adaptive_max_pool2d_backward_deterministic_kernel<scalar_t, opmath_t, int32_t>
-              <<<blocks, 256, 0, stream>>>(
-                  static_cast<int32_t>(total),
-                  grad_output_c.data_ptr<scalar_t>(),
-                  indices_c.data_ptr<int64_t>(),
-                  grad_input_c.data_ptr<scalar_t>(),
-                  static_cast<int32_t>(isizeH), static_cast<int32_t>(isizeW),
-                  static_cast<int32_t>(osizeH), static_cast<int32_t>(osizeW));
+        if (use_u32) {
+          adaptive_max_pool2d_backward_deterministic_launch<scalar_t, uint32_t>(
+              grad_input_c, grad_output_c, indices_c, total_out, isizeH, isizeW, osizeH, osizeW);
         } else {
-          adaptive_max_pool2d_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
-              <<<blocks, 256, 0, stream>>>(
-                  total,
-                  grad_output_c.data_ptr<scalar_t>(),
-                  indices_c.data_ptr<int64_t>(),
-                  grad_input_c.data_ptr<scalar_t>(),
-                  isizeH, isizeW, osizeH, osizeW);
+          adaptive_max_pool2d_backward_deterministic_launch<scalar_t, int64_t>(
+              grad_input_c, grad_output_c, indices_c, total_out, isizeH, isizeW, osizeH, osizeW);
         }
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
 // END adaptive_max_pool2d

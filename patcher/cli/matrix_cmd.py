@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from patcher import spec as spec_mod
@@ -16,12 +18,20 @@ from patcher.cli.common import echo_json, load_settings, table
 @click.option("--arch", help="TORCH_CUDA_ARCH_LIST, e.g. '7.0;7.5+PTX'.")
 @click.option("--gcc", type=int, help="gcc major version.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def matrix(torch_version, cuda, python_version, arch, gcc, as_json) -> None:
+@click.option("--bake", "bake_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a buildx bake file (JSON) for the builder images of every pair; contexts go beside it.")
+def matrix(torch_version, cuda, python_version, arch, gcc, as_json, bake_file) -> None:
     """Print the version matrix, or (with --torch) resolve and validate one build spec.
 
     Every refused combination exits non-zero with the rule it breaks and the way out.
     """
     settings = load_settings()
+    if bake_file is not None:
+        from patcher.dockerfile import write_bake_file
+
+        bake = write_bake_file(settings, bake_file)
+        click.echo(f"wrote {bake_file} ({len(bake['target'])} targets)")
+        return
     if torch_version is None:
         if any(v is not None for v in (cuda, python_version, arch, gcc)):
             raise click.UsageError("--cuda/--python/--arch/--gcc need --torch")

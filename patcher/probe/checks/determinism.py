@@ -1,0 +1,303 @@
+"""Deterministic mode on CUDA, one check per operation upstream leaves without a
+deterministic implementation (the use_deterministic_algorithms docstring; FACTS.md).
+
+Each check measures two things:
+
+* ``unflagged``: the operation run REPEATS times with deterministic mode off, results
+  compared bitwise with the first run: "deterministic" or "nondeterministic";
+* ``flagged``: the same with the flag on (1.7 ``torch.set_deterministic``, 1.8+
+  ``torch.use_deterministic_algorithms``): "raises" (the "does not have a deterministic
+  implementation" error), "warns" (ran, but warned), "deterministic" or
+  "nondeterministic".  From 1.11 a raising operation is also run with ``warn_only=True``.
+
+A pass means the operation is deterministic under the flag.  Anything else is a
+``Finding``: an upstream gap, not required unless the wheel carries the patch that closes
+it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d).  Without a flag (torch < 1.7)
+the unflagged result decides.  The flag and its warn-only setting are restored afterwards.
+"""
+
+import warnings
+
+from ..framework import Finding, check
+
+REPEATS = 3
+NOT_DETERMINISTIC = "does not have a deterministic implementation"
+
+
+# --- inputs: seeded CPU generators, so every run sees the same numbers ----------------------
+def _generator(torch, seed):
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return generator
+
+
+def _randn(torch, shape, seed, device, requires_grad=False):
+    x = torch.randn(*shape, generator=_generator(torch, seed)).to(device)
+    return x.requires_grad_(True) if requires_grad else x
+
+
+def _grads_of(torch, output, inputs, seed):
+    grad = torch.randn(*output.shape, generator=_generator(torch, seed)).to(output.device)
+    output.backward(grad.to(output.dtype))
+    return [x.grad for x in inputs]
+
+
+# --- the operations: each returns the tensors two identical runs must reproduce ----------------
+def op_adaptive_max_pool2d(torch, device):
+    # FACTS.md's shape: 32x256x33x33 -> 7x7, overlapping windows
+    x = _randn(torch, (32, 256, 33, 33), 1, device, True)
+    return _grads_of(torch, torch.nn.functional.adaptive_max_pool2d(x, 7), [x], 2)
+
+
+def op_grid_sampler_2d(torch, device):
+    x = _randn(torch, (8, 64, 128, 128), 3, device, True)
+    grid = (torch.rand(8, 128, 128, 2, generator=_generator(torch, 4)) * 2 - 1).to(device)
+    out = torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return _grads_of(torch, out, [x], 5)
+
+
+def op_avg_pool3d(torch, device):
+    x = _randn(torch, (4, 16, 24, 24, 24), 6, device, True)
+    return _grads_of(torch, torch.nn.functional.avg_pool3d(x, 3, stride=1, padding=1), [x], 7)
+
+
+def op_adaptive_avg_pool2d(torch, device):
+    x = _randn(torch, (16, 64, 33, 33), 8, device, True)
+    return _grads_of(torch, torch.nn.functional.adaptive_avg_pool2d(x, 7), [x], 9)
+
+
+def op_adaptive_avg_pool3d(torch, device):
+    x = _randn(torch, (4, 16, 17, 17, 17), 10, device, True)
+    return _grads_of(torch, torch.nn.functional.adaptive_avg_pool3d(x, 5), [x], 11)
+
+
+def op_fractional_max_pool2d(torch, device):
+    x = _randn(torch, (16, 32, 64, 64), 12, device, True)
+    samples = torch.rand(16, 32, 2, generator=_generator(torch, 13)).to(device)
+    out = torch.nn.functional.fractional_max_pool2d(x, 3, output_size=(40, 40), _random_samples=samples)
+    return _grads_of(torch, out, [x], 14)
+
+
+def op_max_unpool2d(torch, device):
+    x = _randn(torch, (16, 32, 64, 64), 15, device)
+    pooled, indices = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
+    pooled.requires_grad_(True)
+    out = torch.nn.functional.max_unpool2d(pooled, indices, 2)
+    return [out.detach()] + _grads_of(torch, out, [pooled], 16)
+
+
+def op_interpolate_bilinear(torch, device):
+    x = _randn(torch, (16, 32, 48, 48), 17, device, True)
+    out = torch.nn.functional.interpolate(x, scale_factor=2.5, mode="bilinear", align_corners=False)
+    return _grads_of(torch, out, [x], 18)
+
+
+def op_reflection_pad2d(torch, device):
+    x = _randn(torch, (16, 32, 32, 32), 19, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (7, 7, 7, 7), mode="reflect"), [x], 20)
+
+
+def op_nll_loss2d(torch, device):
+    logits = _randn(torch, (16, 21, 64, 64), 21, device, True)
+    target = torch.randint(0, 21, (16, 64, 64), generator=_generator(torch, 22)).to(device)
+    weight = torch.rand(21, generator=_generator(torch, 23)).to(device)
+    loss = torch.nn.functional.nll_loss(torch.nn.functional.log_softmax(logits, 1), target, weight=weight)
+    loss.backward()
+    return [loss.detach(), logits.grad]
+
+
+def op_ctc_loss(torch, device):
+    steps, batch, classes, target_len = 50, 16, 20, 20
+    logits = _randn(torch, (steps, batch, classes), 24, device, True)
+    targets = torch.randint(1, classes, (batch, target_len), generator=_generator(torch, 25)).to(device)
+    input_lengths = torch.full((batch,), steps, dtype=torch.long)
+    target_lengths = torch.randint(10, target_len + 1, (batch,), generator=_generator(torch, 26))
+    loss = torch.nn.functional.ctc_loss(logits.log_softmax(2), targets, input_lengths, target_lengths)
+    loss.backward()
+    return [loss.detach(), logits.grad]
+
+
+def op_embedding_bag_max(torch, device):
+    weight = _randn(torch, (1000, 64), 27, device, True)
+    indices = torch.randint(0, 1000, (4096,), generator=_generator(torch, 28)).to(device)
+    offsets = torch.arange(0, 4096, 8).to(device)
+    out = torch.nn.functional.embedding_bag(indices, weight, offsets, mode="max")
+    return _grads_of(torch, out, [weight], 29)
+
+
+def op_histc(torch, device):
+    x = _randn(torch, (1 << 20,), 30, device)
+    return [torch.histc(x, bins=97, min=-3, max=3)]
+
+
+def op_bincount(torch, device):
+    values = torch.randint(0, 100, (1 << 20,), generator=_generator(torch, 31)).to(device)
+    weights = torch.rand(1 << 20, generator=_generator(torch, 32)).to(device)
+    return [torch.bincount(values, weights=weights, minlength=100)]
+
+
+def op_cumsum(torch, device):
+    x = _randn(torch, (1 << 20,), 33, device)
+    return [torch.cumsum(x, 0)]
+
+
+# id suffix -> (operation, phase the gap is in, patches that close it)
+OPERATIONS = (
+    ("adaptive_max_pool2d", op_adaptive_max_pool2d, "backward", ("PT-0201",)),
+    ("grid_sampler_2d", op_grid_sampler_2d, "backward", ("PT-0202",)),
+    ("avg_pool3d", op_avg_pool3d, "backward", ()),
+    ("adaptive_avg_pool2d", op_adaptive_avg_pool2d, "backward", ()),
+    ("adaptive_avg_pool3d", op_adaptive_avg_pool3d, "backward", ()),
+    ("fractional_max_pool2d", op_fractional_max_pool2d, "backward", ()),
+    ("max_unpool2d", op_max_unpool2d, "forward", ()),
+    ("interpolate_bilinear", op_interpolate_bilinear, "backward", ()),
+    ("reflection_pad2d", op_reflection_pad2d, "backward", ()),
+    ("nll_loss2d", op_nll_loss2d, "forward", ()),
+    ("ctc_loss", op_ctc_loss, "backward", ()),
+    ("embedding_bag_max", op_embedding_bag_max, "backward", ()),
+    ("histc", op_histc, "forward", ()),
+    ("bincount", op_bincount, "forward", ()),
+    ("cumsum", op_cumsum, "forward", ()),
+)
+
+
+# --- the deterministic flag across releases --------------------------------------------------
+class DeterministicFlag(object):
+    """Turn the flag on for a block and restore what was there before."""
+
+    def __init__(self, torch, warn_only=False):
+        self.torch = torch
+        self.warn_only = warn_only
+        self.api = flag_api(torch)
+
+    def __enter__(self):
+        torch = self.torch
+        if self.api == "use_deterministic_algorithms":
+            self.was_on = torch.are_deterministic_algorithms_enabled()
+            self.was_warn_only = _warn_only_enabled(torch)
+            if self.warn_only:
+                torch.use_deterministic_algorithms(True, warn_only=True)
+            else:
+                torch.use_deterministic_algorithms(True)
+        elif self.api == "set_deterministic":
+            self.was_on = torch.is_deterministic()
+            torch.set_deterministic(True)
+        return self
+
+    def __exit__(self, *exc_info):
+        torch = self.torch
+        if self.api == "use_deterministic_algorithms":
+            if self.was_warn_only is None:
+                torch.use_deterministic_algorithms(self.was_on)
+            else:
+                torch.use_deterministic_algorithms(self.was_on, warn_only=self.was_warn_only)
+        elif self.api == "set_deterministic":
+            torch.set_deterministic(self.was_on)
+        return False
+
+
+def flag_api(torch):
+    if hasattr(torch, "use_deterministic_algorithms"):
+        return "use_deterministic_algorithms"
+    if hasattr(torch, "set_deterministic"):
+        return "set_deterministic"
+    return None
+
+
+def _warn_only_enabled(torch):
+    getter = getattr(torch, "is_deterministic_algorithms_warn_only_enabled", None)
+    return getter() if getter is not None else None
+
+
+def _same(torch, first, second):
+    return len(first) == len(second) and all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def repeat_runs(torch, operation, device, repeats):
+    """'deterministic' when every run equals the first bitwise, else 'nondeterministic'
+    and how many runs differed."""
+    first = [t.detach().clone() for t in operation(torch, device)]
+    differing = 0
+    for _ in range(repeats - 1):
+        again = operation(torch, device)
+        if not _same(torch, first, again):
+            differing += 1
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return ("nondeterministic" if differing else "deterministic"), differing
+
+
+def first_line(exc):
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def measure(torch, operation, device="cuda", repeats=REPEATS):
+    """The details every determinism check records (see the module docstring)."""
+    details = {"repeats": repeats, "flag": flag_api(torch)}
+    state, differing = repeat_runs(torch, operation, device, repeats)
+    details["unflagged"] = state
+    details["unflagged_differing_runs"] = differing
+    if details["flag"] is None:
+        details["flagged"] = None
+        return details
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with DeterministicFlag(torch):
+                state, differing = repeat_runs(torch, operation, device, repeats)
+            details["flagged"] = state
+            details["flagged_differing_runs"] = differing
+        except RuntimeError as exc:
+            if "deterministic" not in str(exc):
+                raise
+            details["flagged"] = "raises"
+            details["error"] = first_line(exc)
+    noted = [str(w.message).splitlines()[0] for w in caught if "determinis" in str(w.message)]
+    if noted and details["flagged"] != "raises":
+        details["warning"] = noted[0]
+        if details["flagged"] == "deterministic":
+            details["flagged"] = "warns"
+    if details["flagged"] == "raises" and _warn_only_enabled(torch) is not None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with DeterministicFlag(torch, warn_only=True):
+                operation(torch, device)
+        noted = [str(w.message).splitlines()[0] for w in caught if "determinis" in str(w.message)]
+        details["warn_only"] = "warns" if noted else "silent"
+    return details
+
+
+def verdict(name, phase, details):
+    """None for a pass, else the finding's message."""
+    flagged = details["flagged"]
+    if flagged is None:
+        if details["unflagged"] == "deterministic":
+            return None
+        return ("CUDA %s of %s differed bitwise in %d of %d repeats, and this torch has no deterministic flag"
+                % (phase, name, details["unflagged_differing_runs"], details["repeats"] - 1))
+    if flagged == "deterministic":
+        return None
+    api = "torch.%s(True)" % details["flag"]
+    if flagged == "raises":
+        return "under %s the CUDA %s of %s raises: %s" % (api, phase, name, details["error"])
+    if flagged == "warns":
+        return "under %s the CUDA %s of %s warns: %s" % (api, phase, name, details["warning"])
+    return ("under %s the CUDA %s of %s is still nondeterministic (%d of %d repeats differed)"
+            % (api, phase, name, details["flagged_differing_runs"], details["repeats"] - 1))
+
+
+def _register(name, operation, phase, patches):
+    def determinism_check(ctx):
+        details = measure(ctx.torch, operation)
+        message = verdict(name, phase, details)
+        if message is not None:
+            raise Finding(message, details)
+        return details
+
+    determinism_check.__name__ = "determinism_" + name
+    check("determinism." + name, torch=">=1.4", device="cuda", patches=patches, required=False)(
+        determinism_check)
+
+
+for _name, _operation, _phase, _patches in OPERATIONS:
+    _register(_name, _operation, _phase, _patches)

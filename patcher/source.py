@@ -1,0 +1,406 @@
+"""Fetch stage: a BuildSpec -> a SourceTree (the tag at its verified commit, submodules, tree hash).
+
+How a fetch works:
+
+1. The repository URL (``BuildSpec.repo``, an upstream URL) is redirected to the git mirror when
+   one is set (``--git-mirror``, ``PATCHER_GIT_MIRROR``, ``git_mirror`` or ``mirror`` in the
+   config): ``https://github.com/ORG/REPO.git`` -> ``<git_mirror>/ORG/REPO.git``.
+2. The tag is fetched into a bare cache, ``<cache_dir>/git/ORG/REPO.git``, under
+   ``refs/patcher/tags/<tag>`` (forced, so a moved tag is seen, not refused by git).  Objects
+   already in the cache are never transferred again: a second fetch of the same or another
+   version only negotiates.
+3. The tag's commit must equal the pinned one (the matrix, or ``[overrides.tag_commits]``, which
+   is recorded); otherwise TagMismatchError, since a moved tag is a supply-chain event.
+4. The tree is cloned from the cache as a local clone (objects hard-linked: no transfer, and the
+   clone keeps working if the cache is pruned) into a temp directory beside ``-o``.
+5. Submodules (gitlinks of the commit, recursively) are fetched by their pinned SHA into their own
+   caches, then cloned from there; ``.gitmodules`` URLs (absolute or ``../REPO.git`` relative)
+   are rewritten to the mirror the same way as in 1.
+6. ``source-manifest.json`` is written at the tree's root (listed in ``.git/info/exclude`` so
+   the tree stays clean) and the temp directory is renamed to ``-o``.  On any failure the temp
+   directory is removed: nothing half-cloned remains.
+
+The tree hash (:func:`tree_hash`) is ``sha256:`` + the sha256 of::
+
+    b"patcher-tree-v1\\n" + for each file git tracks, submodules included, sorted by path:
+        b"<mode in octal> <path>\\0<sha256 hex of its content>\\n"
+
+where the content is the checked-out file (so ``.gitattributes`` conversions count; a symlink's
+content is its target) and the mode is git's (100644, 100755, 120000); a submodule that is not
+checked out counts as ``160000 <path>\0<its pinned commit SHA>``.  ``.git`` and untracked
+files (the manifest, build outputs) are not part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from git.cmd import Git
+
+from patcher.config import Settings
+from patcher.errors import (
+    FetchError,
+    SubmoduleError,
+    TagMismatchError,
+    UnpinnedInputError,
+    UnreachableInputError,
+)
+from patcher.spec import BuildSpec, is_known
+
+MANIFEST_NAME = "source-manifest.json"
+TREE_HASH_VERSION = b"patcher-tree-v1\n"
+MIRROR_HINT = ("point the git mirror at a copy that has it: --git-mirror, PATCHER_GIT_MIRROR, "
+               "or `git_mirror` / `mirror` in the config file")
+
+# Our own git runs must not depend on the user's git config (hooks, autocrlf, signing).
+_GIT_CONFIG = ("-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null",
+               "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false",
+               "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false")
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SubmoduleRecord:
+    path: str  # relative to the parent repository
+    url: str  # as written in the parent's .gitmodules (upstream)
+    fetched_from: str  # after mirror rewriting
+    commit: str
+    submodules: tuple[SubmoduleRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceTree:
+    path: str
+    repo: str
+    fetched_from: str
+    tag: str
+    commit: str
+    commit_overridden: bool
+    tree_hash: str
+    submodules: tuple[SubmoduleRecord, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SourceTree:
+        data = dict(data)
+        data["submodules"] = tuple(_submodule_from_json(s) for s in data.get("submodules", ()))
+        return cls(**data)
+
+
+def _submodule_from_json(data: dict[str, Any]) -> SubmoduleRecord:
+    data = dict(data)
+    data["submodules"] = tuple(_submodule_from_json(s) for s in data.get("submodules", ()))
+    return SubmoduleRecord(**data)
+
+
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GitResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            check: bool = True) -> GitResult:
+    """git (through GitPython) with our fixed config; raises GitCommandFailed when ``check``."""
+    extra = {"GIT_TERMINAL_PROMPT": "0"}
+    extra.update(env or {})
+    status, out, err = Git(str(cwd) if cwd else None).execute(
+        ["git", *_GIT_CONFIG, *args], with_extended_output=True, with_exceptions=False,
+        env=extra, strip_newline_in_stdout=False)
+    if check and status != 0:
+        raise GitCommandFailed(args, err)
+    return GitResult(status, out, err)
+
+
+class GitCommandFailed(Exception):
+    """A git command failed; callers turn it into a PatcherError that says what it was for."""
+
+    def __init__(self, args: tuple[str, ...], stderr: str):
+        super().__init__(f"git {' '.join(args)}: {last_line(stderr)}")
+        self.stderr = stderr
+
+
+def last_line(text: str) -> str:
+    """The most telling line of git's stderr (its 'fatal:' line when there is one)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
+    return (fatal or lines or ["(no message)"])[0]
+
+
+# --- URLs ------------------------------------------------------------------------------------
+def org_repo(url: str) -> tuple[str, str]:
+    """'https://github.com/pytorch/pytorch.git' -> ('pytorch', 'pytorch'); scp-style too."""
+    url = url.strip().rstrip("/")
+    if re.match(r"^[a-z][a-z0-9+.-]*://", url):
+        path = urlsplit(url).path
+    else:
+        path = re.sub(r"^[^/:]+@[^:]+:", "", url)  # git@github.com:ORG/REPO.git
+    parts = [p for p in path.split("/") if p]
+    if len(parts) < 2:
+        raise FetchError(f"cannot tell organisation and repository from URL {url!r}")
+    repo = parts[-1][:-4] if parts[-1].endswith(".git") else parts[-1]
+    return parts[-2], repo
+
+
+def resolve_relative(url: str, parent_upstream: str) -> str:
+    """A .gitmodules URL like '../fmt.git' is relative to the parent's upstream URL."""
+    if not url.startswith(("./", "../")):
+        return url
+    base = parent_upstream.rstrip("/")
+    rest = url
+    while rest.startswith(("./", "../")):
+        if rest.startswith("./"):
+            rest = rest[2:]
+        else:
+            rest = rest[3:]
+            base = base.rsplit("/", 1)[0]
+    return f"{base}/{rest}"
+
+
+def mirror_url(upstream: str, git_base: str | None) -> str:
+    """Where to fetch an upstream repository from: ``<git_base>/ORG/REPO.git`` or upstream."""
+    if not git_base:
+        return upstream
+    org, repo = org_repo(upstream)
+    return f"{git_base.rstrip('/')}/{org}/{repo}.git"
+
+
+def cache_repo(settings: Settings, upstream: str) -> Path:
+    """The bare cache of one upstream repository, created on first use."""
+    org, repo = org_repo(upstream)
+    path = Path(settings.cache_dir) / "git" / org / f"{repo}.git"
+    if not (path / "HEAD").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{repo}.git.init-", dir=path.parent))
+        try:
+            run_git("init", "-q", "--bare", str(tmp))
+            os.replace(tmp, path)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (path / "HEAD").is_file():  # not a concurrent fetch that won the race
+                raise
+        except GitCommandFailed as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise FetchError(f"cannot create the git cache {path}: {exc}",
+                             hint="check --cache / PATCHER_CACHE_DIR") from None
+    return path
+
+
+# --- fetching into the cache -----------------------------------------------------------------
+def _fetch_tag(cache: Path, url: str, tag: str) -> str:
+    """Fetch ``tag`` from ``url`` into the cache; return the commit it points at."""
+    ref = f"refs/patcher/tags/{tag}"
+    try:
+        run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, f"+refs/tags/{tag}:{ref}",
+                cwd=cache)
+    except GitCommandFailed as exc:
+        if "couldn't find remote ref" in exc.stderr:
+            raise FetchError(f"tag {tag} does not exist in {url}",
+                             hint="check --torch, or the mirror's copy of the repository") from None
+        raise UnreachableInputError(f"cannot fetch tag {tag} from {url}: {last_line(exc.stderr)}",
+                                    hint=MIRROR_HINT) from None
+    return run_git("rev-parse", f"{ref}^{{commit}}", cwd=cache).stdout.strip()
+
+
+def _has_commit(cache: Path, sha: str) -> bool:
+    return run_git("cat-file", "-e", f"{sha}^{{commit}}", cwd=cache, check=False).returncode == 0
+
+
+def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
+    """Make sure ``sha`` is in the cache; a commit already there is not fetched again."""
+    if _has_commit(cache, sha):
+        return
+    first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, sha, cwd=cache, check=False)
+    if first.returncode == 0 and _has_commit(cache, sha):
+        return
+    # Servers that refuse a want by SHA: is it reachable at all, and under any branch or tag?
+    reach = run_git("ls-remote", "--heads", url, cwd=cache, check=False)
+    if reach.returncode != 0:
+        raise SubmoduleError(f"{what}: cannot read {url}: {last_line(reach.stderr)}", hint=MIRROR_HINT)
+    org, repo = org_repo(url)
+    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url,
+            f"+refs/heads/*:refs/patcher/remotes/{org}/{repo}/heads/*",
+            f"+refs/tags/*:refs/patcher/remotes/{org}/{repo}/tags/*", cwd=cache, check=False)
+    if not _has_commit(cache, sha):
+        raise SubmoduleError(f"{what}: commit {sha} is not in {url} ({last_line(first.stderr)})",
+                             hint=MIRROR_HINT)
+
+
+# --- submodules ------------------------------------------------------------------------------
+def _gitlinks(repo_dir: Path, commit: str) -> dict[str, str]:
+    """path -> pinned SHA of every submodule (gitlink) in ``commit``."""
+    out = run_git("ls-tree", "-r", "-z", commit, cwd=repo_dir).stdout
+    links = {}
+    for entry in out.split("\0"):
+        if entry.startswith("160000 commit "):
+            meta, path = entry.split("\t", 1)
+            links[path] = meta.split()[2]
+    return links
+
+
+def _gitmodules(repo_dir: Path, commit: str) -> dict[str, tuple[str, str]]:
+    """path -> (submodule name, url) from the commit's .gitmodules."""
+    proc = run_git("config", "-z", "--blob", f"{commit}:.gitmodules", "--get-regexp",
+                   r"^submodule\..*\.(path|url)$", cwd=repo_dir, check=False)
+    if proc.returncode not in (0, 1):  # 1: no matches / no .gitmodules
+        return {}
+    names: dict[str, dict[str, str]] = {}
+    for item in proc.stdout.split("\0"):
+        if not item:
+            continue
+        key, _, value = item.partition("\n")
+        name, _, attr = key[len("submodule."):].rpartition(".")
+        names.setdefault(name, {})[attr] = value
+    return {v["path"]: (n, v.get("url", "")) for n, v in names.items() if "path" in v}
+
+
+def _init_submodules(settings: Settings, repo_dir: Path, commit: str, parent_upstream: str,
+                     prefix: str = "") -> tuple[SubmoduleRecord, ...]:
+    links = _gitlinks(repo_dir, commit)
+    if not links:
+        return ()
+    modules = _gitmodules(repo_dir, commit)
+    records = []
+    for path, sha in sorted(links.items()):
+        shown = prefix + path
+        if path not in modules or not modules[path][1]:
+            raise SubmoduleError(f"submodule {shown} (commit {sha}) has no URL in .gitmodules",
+                                 hint="the tag's .gitmodules is incomplete; fix the mirror's copy")
+        name, url = modules[path]
+        upstream = resolve_relative(url, parent_upstream)
+        source = mirror_url(upstream, settings.git_base())
+        cache = cache_repo(settings, upstream)
+        _fetch_commit(cache, source, sha, f"submodule {shown}")
+        try:
+            # Cloned from the cache (local: hard links, no transfer), then pointed at the mirror.
+            run_git("config", f"submodule.{name}.url", str(cache), cwd=repo_dir)
+            run_git("submodule", "update", "-q", "--init", "--", path, cwd=repo_dir)
+            run_git("config", f"submodule.{name}.url", source, cwd=repo_dir)
+            run_git("remote", "set-url", "origin", source, cwd=repo_dir / path)
+        except GitCommandFailed as exc:
+            raise SubmoduleError(f"submodule {shown}: checkout of {sha} failed: {exc}",
+                                 hint=MIRROR_HINT) from None
+        nested = _init_submodules(settings, repo_dir / path, sha, upstream, prefix=f"{shown}/")
+        records.append(SubmoduleRecord(path=shown, url=url, fetched_from=source, commit=sha,
+                                       submodules=nested))
+    return tuple(records)
+
+
+# --- tree hash -------------------------------------------------------------------------------
+def tracked_files(tree: Path) -> list[tuple[int, str, str]]:
+    """(mode, object id, path) of every entry git tracks in ``tree``, submodules included."""
+    out = run_git("ls-files", "-z", "--stage", "--recurse-submodules", cwd=tree).stdout
+    files = []
+    for entry in out.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            mode, oid = meta.split()[:2]
+            files.append((int(mode, 8), oid, path))
+    return files
+
+
+def tree_hash(tree: Path) -> str:
+    """Deterministic hash of the checked-out tree (format in the module docstring)."""
+    tree = Path(tree)
+    digest = hashlib.sha256(TREE_HASH_VERSION)
+    for mode, oid, path in sorted(tracked_files(tree), key=lambda e: e[2].encode("utf-8", "surrogateescape")):
+        full = tree / path
+        if mode == 0o160000:  # a submodule that is not checked out: only its pinned commit is known
+            content_id = oid
+        else:
+            try:
+                content = (os.readlink(full).encode("utf-8", "surrogateescape") if mode == 0o120000
+                           else full.read_bytes())
+            except FileNotFoundError:
+                content = b"\0missing"  # deleted in the working tree: the hash then differs, as it must
+            content_id = hashlib.sha256(content).hexdigest()
+        digest.update(b"%o %s\0%s\n" % (mode, path.encode("utf-8", "surrogateescape"), content_id.encode()))
+    return "sha256:" + digest.hexdigest()
+
+
+# --- the stage -------------------------------------------------------------------------------
+def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False) -> SourceTree:
+    """Fetch ``spec``'s tag at its pinned commit, with submodules, into ``dest``."""
+    dest = Path(dest).absolute()
+    if not is_known(spec.commit):
+        raise UnpinnedInputError(
+            f"no commit is pinned for torch {spec.torch} (tag {spec.tag})",
+            hint=f'pin it in the matrix or in the config file\'s [overrides.tag_commits] "{spec.torch}"')
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise FetchError(f"output directory {dest} already exists and is not empty",
+                         hint="remove it or pass another -o")
+    source = mirror_url(spec.repo, settings.git_base())
+    if dry_run:
+        return SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
+                          commit=spec.commit, commit_overridden=spec.commit_overridden, tree_hash="")
+
+    cache = cache_repo(settings, spec.repo)
+    found = _fetch_tag(cache, source, spec.tag)
+    if found != spec.commit:
+        pinned_by = ("[overrides.tag_commits] in " + str(settings.config_file)
+                     if spec.commit_overridden else "the version matrix")
+        raise TagMismatchError(
+            f"tag {spec.tag} in {source} points at {found}, but {pinned_by} pins {spec.commit}: "
+            f"a moved tag is a supply-chain event, refusing it",
+            hint=f'investigate the mirror; only if the new commit is trusted, pin it in [overrides.tag_commits] "{spec.torch}"')
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        try:
+            run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+            run_git("checkout", "-q", "--detach", spec.commit, cwd=tmp)
+            tag_object = run_git("rev-parse", f"refs/patcher/tags/{spec.tag}", cwd=cache).stdout.strip()
+            run_git("update-ref", f"refs/tags/{spec.tag}", tag_object, cwd=tmp)
+            run_git("remote", "set-url", "origin", source, cwd=tmp)
+        except GitCommandFailed as exc:
+            raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
+                             hint=f"remove the cache {cache} and fetch again") from None
+        submodules = _init_submodules(settings, tmp, spec.commit, spec.repo)
+        result = SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
+                            commit=spec.commit, commit_overridden=spec.commit_overridden,
+                            tree_hash=tree_hash(tmp), submodules=submodules)
+        write_manifest(tmp, result)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def write_manifest(tree: Path, result: SourceTree) -> Path:
+    """source-manifest.json at the tree's root, kept out of git status via .git/info/exclude."""
+    path = Path(tree) / MANIFEST_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    exclude = Path(tree) / ".git" / "info" / "exclude"
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    existing = exclude.read_text(encoding="utf-8") if exclude.is_file() else ""
+    if f"/{MANIFEST_NAME}" not in existing.splitlines():
+        with exclude.open("a", encoding="utf-8") as fh:
+            fh.write(f"/{MANIFEST_NAME}\n")
+    return path
+
+
+def read_manifest(tree: Path) -> SourceTree:
+    path = Path(tree) / MANIFEST_NAME
+    try:
+        return SourceTree.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise FetchError(f"{path} does not exist", hint="make the tree with `patcher fetch`") from None
+    except (ValueError, TypeError) as exc:
+        raise FetchError(f"{path} is not a source manifest: {exc}") from None

@@ -1,0 +1,103 @@
+"""`patcher base-image`: mmdebstrap -> a reproducible image -> push, and its error paths."""
+
+from __future__ import annotations
+
+import glob
+import json
+import tempfile
+
+import pytest
+
+from patcher.hostapt import host_debian_mirror
+from patcher.lock import ImageRef, resolve_digest
+from tests.fixtures.docker_env import free_port
+
+pytestmark = pytest.mark.docker
+
+TEST_TAG = "patcher-test/base-image-cli:bullseye"
+
+
+def temp_dirs() -> set[str]:
+    return set(glob.glob(f"{tempfile.gettempdir()}/patcher-base-image-*"))
+
+
+@pytest.fixture
+def cleanup_test_tag(docker_client):
+    yield TEST_TAG
+    import docker
+
+    try:
+        docker_client.images.remove(TEST_TAG, noprune=False)
+    except docker.errors.ImageNotFound:
+        pass
+
+
+def test_base_image_is_reproducible_and_pushes(patcher_cli, docker_client, local_registry, cleanup_test_tag,
+                                               no_leaks):
+    first = patcher_cli("base-image", "--suite", "bullseye", "--tag", TEST_TAG, "--json")
+    assert first.exit_code == 0, first.stderr
+    one = json.loads(first.stdout)
+    image = docker_client.images.get(TEST_TAG)
+    assert image.id == one["image_id"]
+    assert image.labels["org.patcher.base-image.suite"] == "bullseye"
+    assert image.attrs["Created"].startswith("2021-08-14T00:00:00")
+    assert one["mirror_url"] == host_debian_mirror()
+    # Same inputs, same image: built again (and pushed) it has the same ID.
+    second = patcher_cli("base-image", "--suite", "bullseye", "--tag", TEST_TAG, "--push", local_registry.url)
+    assert second.exit_code == 0, second.stderr
+    pushed = second.stdout.strip().splitlines()[-1]
+    assert f"image     {TEST_TAG} ({one['image_id']})" in second.stdout
+    ref, digest = pushed.split("@")
+    assert ref == f"{local_registry.url}/{TEST_TAG}"
+    assert resolve_digest(ImageRef.parse(ref)) == digest
+    # The registry-qualified tag was only a vehicle for the push.
+    assert docker_client.images.get(TEST_TAG).tags == [TEST_TAG]
+
+
+def test_unknown_suite_fails_cleanly(patcher_cli, docker_client, no_leaks):
+    before = temp_dirs()
+    res = patcher_cli("base-image", "--suite", "no-such-suite", "--tag", "patcher-test/never:made")
+    assert res.exit_code == 42, res.stderr
+    assert res.stderr.startswith("patcher: error: mmdebstrap no-such-suite") and res.stderr.count("\n") == 1
+    assert temp_dirs() == before
+    assert not docker_client.images.list(name="patcher-test/never")
+
+
+def test_unreachable_mirror_fails_cleanly(patcher_cli, no_leaks):
+    before = temp_dirs()
+    res = patcher_cli("base-image", "--suite", "bullseye", "--tag", "patcher-test/never:made",
+                      "--mirror-url", f"http://127.0.0.1:{free_port()}/debian")
+    assert res.exit_code == 42 and "Traceback" not in res.stderr, res.stderr
+    assert temp_dirs() == before
+
+
+def test_docker_unavailable(patcher_cli, tmp_path):
+    res = patcher_cli("base-image", "--suite", "bullseye", env={"PATCHER_DOCKER_HOST": f"unix://{tmp_path}/none.sock"})
+    assert res.exit_code == 40 and "not reachable" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_push_to_unreachable_registry(docker_client, bullseye_base_image, no_leaks):
+    from patcher.baseimage import push_image
+    from patcher.errors import RegistryError
+
+    registry = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RegistryError) as err:
+        push_image(docker_client.api, bullseye_base_image.tag, registry)
+    assert registry in str(err.value)
+    assert not [t for t in docker_client.images.get(bullseye_base_image.tag).tags if t.startswith(registry)]
+
+
+def test_image_archive_is_byte_stable(tmp_path):
+    """Equal rootfs -> equal archive and config (the image ID), whatever the clock says."""
+    from patcher.baseimage import image_config, write_image_archive
+
+    rootfs = tmp_path / "rootfs.tar"
+    rootfs.write_bytes(b"x" * 4096)
+    config = image_config("ab" * 32, architecture="amd64", labels={"b": "2", "a": "1"}, epoch=1628899200,
+                          created_by="test")
+    again = image_config("ab" * 32, architecture="amd64", labels={"a": "1", "b": "2"}, epoch=1628899200,
+                         created_by="test")
+    assert config == again
+    write_image_archive(rootfs, tmp_path / "one.tar", "t:1", config, "ab" * 32, 1628899200)
+    write_image_archive(rootfs, tmp_path / "two.tar", "t:1", config, "ab" * 32, 1628899200)
+    assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
