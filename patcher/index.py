@@ -558,9 +558,28 @@ def regenerate(index_dir: Path) -> PublishResult:
                     entry = replace(entry, yanked=old.yanked, yanked_reason=old.yanked_reason,
                                     upload_time=old.upload_time)
                 pages.setdefault(entry.project, []).append(entry)
-            stale = [p for p in manifest if p not in pages]
             try:
-                gen = _commit_generation(layout, current, pages, removed=stale)
+                gen = _commit_generation(layout, current, pages, removed=[p for p in manifest if p not in pages])
+            finally:
+                shutil.rmtree(layout.incoming, ignore_errors=True)
+    except OSError as exc:
+        raise PublishError(f"cannot write the index at {index_dir}: {exc.strerror or exc}") from None
+    return PublishResult(index=layout.root, generation=gen, published=[], unchanged=[], projects=sorted(pages))
+
+
+def write_index(index_dir: Path, entries: Iterable[IndexFile]) -> PublishResult:
+    """Render every page from known entries (no wheel is read): the page-writing half of a full
+    regeneration, for mirrors that already hold the metadata; the files must be in files/."""
+    layout = IndexLayout(Path(index_dir))
+    pages: dict[str, list[IndexFile]] = {}
+    for entry in entries:
+        pages.setdefault(entry.project, []).append(entry)
+    try:
+        with _locked(layout):
+            current = _prepare(layout)
+            manifest = layout.manifest(current)
+            try:
+                gen = _commit_generation(layout, current, pages, removed=[p for p in manifest if p not in pages])
             finally:
                 shutil.rmtree(layout.incoming, ignore_errors=True)
     except OSError as exc:

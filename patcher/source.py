@@ -14,8 +14,9 @@ How a fetch works:
 4. The tree is cloned from the cache as a local clone (objects hard-linked: no transfer, and the
    clone keeps working if the cache is pruned) into a temp directory beside ``-o``.
 5. Submodules (gitlinks of the commit, recursively) are fetched by their pinned SHA into their own
-   caches, then cloned from there; ``.gitmodules`` URLs (absolute or ``../REPO.git`` relative)
-   are rewritten to the mirror the same way as in 1.
+   caches before anything is checked out (a missing one fails fast), then cloned from there;
+   ``.gitmodules`` URLs (absolute or ``../REPO.git`` relative) are rewritten to the mirror the
+   same way as in 1.
 6. ``source-manifest.json`` is written at the tree's root (listed in ``.git/info/exclude`` so
    the tree stays clean) and the temp directory is renamed to ``-o``.  On any failure the temp
    directory is removed: nothing half-cloned remains.
@@ -267,36 +268,52 @@ def _gitmodules(repo_dir: Path, commit: str) -> dict[str, tuple[str, str]]:
     return {v["path"]: (n, v.get("url", "")) for n, v in names.items() if "path" in v}
 
 
-def _init_submodules(settings: Settings, repo_dir: Path, commit: str, parent_upstream: str,
-                     prefix: str = "") -> tuple[SubmoduleRecord, ...]:
-    links = _gitlinks(repo_dir, commit)
+def _fetch_submodules(settings: Settings, repo: Path, commit: str, parent_upstream: str,
+                      prefix: str = "") -> tuple[SubmoduleRecord, ...]:
+    """Fetch every submodule commit (recursively) into its cache, reading only caches.
+
+    Runs before anything is checked out, so a missing submodule fails fast and cheaply.
+    """
+    links = _gitlinks(repo, commit)
     if not links:
         return ()
-    modules = _gitmodules(repo_dir, commit)
+    modules = _gitmodules(repo, commit)
     records = []
     for path, sha in sorted(links.items()):
         shown = prefix + path
         if path not in modules or not modules[path][1]:
             raise SubmoduleError(f"submodule {shown} (commit {sha}) has no URL in .gitmodules",
                                  hint="the tag's .gitmodules is incomplete; fix the mirror's copy")
-        name, url = modules[path]
+        url = modules[path][1]
         upstream = resolve_relative(url, parent_upstream)
         source = mirror_url(upstream, settings.git_base())
         cache = cache_repo(settings, upstream)
         _fetch_commit(cache, source, sha, f"submodule {shown}")
-        try:
-            # Cloned from the cache (local: hard links, no transfer), then pointed at the mirror.
-            run_git("config", f"submodule.{name}.url", str(cache), cwd=repo_dir)
-            run_git("submodule", "update", "-q", "--init", "--", path, cwd=repo_dir)
-            run_git("config", f"submodule.{name}.url", source, cwd=repo_dir)
-            run_git("remote", "set-url", "origin", source, cwd=repo_dir / path)
-        except GitCommandFailed as exc:
-            raise SubmoduleError(f"submodule {shown}: checkout of {sha} failed: {exc}",
-                                 hint=MIRROR_HINT) from None
-        nested = _init_submodules(settings, repo_dir / path, sha, upstream, prefix=f"{shown}/")
+        nested = _fetch_submodules(settings, cache, sha, upstream, prefix=f"{shown}/")
         records.append(SubmoduleRecord(path=shown, url=url, fetched_from=source, commit=sha,
                                        submodules=nested))
     return tuple(records)
+
+
+def _checkout_submodules(settings: Settings, repo_dir: Path, commit: str, parent_upstream: str,
+                         records: tuple[SubmoduleRecord, ...], prefix: str = "") -> None:
+    """Clone each submodule from its cache (local: hard links, no transfer), then point it at the mirror."""
+    modules = _gitmodules(repo_dir, commit)
+    for record in records:
+        path = record.path[len(prefix):]
+        name = modules[path][0]
+        upstream = resolve_relative(record.url, parent_upstream)
+        cache = cache_repo(settings, upstream)
+        try:
+            run_git("config", f"submodule.{name}.url", str(cache), cwd=repo_dir)
+            run_git("submodule", "update", "-q", "--init", "--", path, cwd=repo_dir)
+            run_git("config", f"submodule.{name}.url", record.fetched_from, cwd=repo_dir)
+            run_git("remote", "set-url", "origin", record.fetched_from, cwd=repo_dir / path)
+        except GitCommandFailed as exc:
+            raise SubmoduleError(f"submodule {record.path}: checkout of {record.commit} failed: {exc}",
+                                 hint=MIRROR_HINT) from None
+        _checkout_submodules(settings, repo_dir / path, record.commit, upstream, record.submodules,
+                             prefix=f"{record.path}/")
 
 
 # --- tree hash -------------------------------------------------------------------------------
@@ -357,6 +374,8 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
             f"a moved tag is a supply-chain event, refusing it",
             hint=f'investigate the mirror; only if the new commit is trusted, pin it in [overrides.tag_commits] "{spec.torch}"')
 
+    submodules = _fetch_submodules(settings, cache, spec.commit, spec.repo)
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
@@ -369,11 +388,14 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
         except GitCommandFailed as exc:
             raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
                              hint=f"remove the cache {cache} and fetch again") from None
-        submodules = _init_submodules(settings, tmp, spec.commit, spec.repo)
+        _checkout_submodules(settings, tmp, spec.commit, spec.repo, submodules)
         result = SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
                             commit=spec.commit, commit_overridden=spec.commit_overridden,
                             tree_hash=tree_hash(tmp), submodules=submodules)
         write_manifest(tmp, result)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it 0700; the tree gets ordinary permissions
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -228,7 +228,9 @@ def repeat_runs(torch, operation, device, repeats):
 
 
 def first_line(exc):
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    """The error's own words, without torch's advice that follows them."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.split(", but you set")[0]
 
 
 def measure(torch, operation, device="cuda", repeats=REPEATS):

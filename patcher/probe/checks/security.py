@@ -44,7 +44,10 @@ def _type_line_control(parse):
     except Exception as exc:
         raise Fail("parse_type_line no longer parses a plain type comment: %s: %s"
                    % (type(exc).__name__, exc))
-    return {"control": "%s -> %s" % ([str(t) for t in arg_types], return_type)}
+    # the file that was probed: a patched copy can be loaded in place of the installed one
+    module = sys.modules.get(parse.__module__)
+    return {"control": "%s -> %s" % ([str(t) for t in arg_types], return_type),
+            "module_file": getattr(module, "__file__", None)}
 
 
 def _try_type_line(parse, type_line, rcb):
