@@ -5,7 +5,8 @@
 #   git, curl, xz-utils, dpkg-dev: real source trees       python3-venv: the project's virtualenv
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-PKGS="mmdebstrap uidmap docker-registry python3-torch python3-venv git curl xz-utils dpkg-dev ca-certificates make"
+#   unzip + libmagic1: diffoscope (patcher build --check-reproducible) compares wheels with them
+PKGS="mmdebstrap uidmap docker-registry python3-torch python3-venv git curl xz-utils dpkg-dev ca-certificates make unzip libmagic1"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
   apt-get update -qq

@@ -18,6 +18,7 @@ Medians of ROUNDS alternating runs; the wheels are real small zip files made her
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -32,6 +33,8 @@ ROUNDS = 3
 
 
 def _timed(fn) -> float:
+    # Flush the previous run's dirty pages first, so no run pays for another's writeback.
+    os.sync()
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -85,8 +88,8 @@ def run() -> dict:
 
         gen_ours, gen_theirs = [], []
         for r in range(ROUNDS):
-            gen_ours.append(_timed(lambda: ours_from_list(work / f"ours-{r}")))
-            gen_theirs.append(_timed(lambda: theirs_from_list(work / f"dumb-{r}")))
+            gen_ours.append(_timed(lambda r=r: ours_from_list(work / f"ours-{r}")))
+            gen_theirs.append(_timed(lambda r=r: theirs_from_list(work / f"dumb-{r}")))
             shutil.rmtree(work / f"ours-{r}")
             shutil.rmtree(work / f"dumb-{r}")
 
@@ -100,7 +103,7 @@ def run() -> dict:
         incremental, full = [], []
         for r in range(ROUNDS):
             one = write_minimal_wheel(extra, f"proj-{r * 7:04d}", f"2.{r}.0")
-            incremental.append(_timed(lambda: index.publish(idx, [one], require_evidence=False)))
+            incremental.append(_timed(lambda one=one: index.publish(idx, [one], require_evidence=False)))
             full.append(_timed(lambda: index.regenerate(idx)))
         files_in_index = sum(len(v) for v in index.read_index(idx).values())
         med = statistics.median

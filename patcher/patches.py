@@ -42,7 +42,7 @@ from patcher.errors import (
     PatchFormatError,
     PatchNotFoundError,
 )
-from patcher.source import GitCommandFailed, last_line, run_git, tree_hash
+from patcher.source import GitCommandFailed, last_line, reports_failures_as, run_git, tree_hash
 
 TRAILERS = ("Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe")
 CATEGORIES = ("bugfix", "security", "determinism", "build")
@@ -55,9 +55,10 @@ TRAILER_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9-]*):\s*(.*)$")
 
 # Flags that make `git format-patch` output independent of the user's git config.
 _FORMAT_PATCH = ("-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "diff.relative=false",
-                 "-c", "format.signature=", "-c", "core.quotePath=true",
+                 "-c", "format.signature=", "-c", "core.quotePath=true", "-c", "format.signOff=false",
                  "format-patch", "--stdout", "--zero-commit", "--no-signature", "--full-index",
-                 "--no-renames", "--no-color", "--no-thread", "--subject-prefix=PATCH", "--no-numbered")
+                 "--no-renames", "--no-color", "--no-thread", "--subject-prefix=PATCH", "--no-numbered",
+                 "--no-to", "--no-cc", "--encode-email-headers")
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -578,6 +579,18 @@ def _apply_in_memory(patches: list[Patch], tree: Path, reverse: bool = False) ->
             _apply_change(patch, change.reversed() if reverse else change, overlay)
 
 
+def _applied_prefix(patches: list[Patch], tree: Path) -> int:
+    """k > 0 when the first k patches are in the tree and the rest apply on top, else 0."""
+    for k in range(len(patches) - 1, 0, -1):
+        try:
+            _apply_in_memory(list(reversed(patches[:k])), tree, reverse=True)
+            _apply_in_memory(patches[k:], tree)
+        except PatchApplyError:
+            continue
+        return k
+    return 0
+
+
 # --- working trees ---------------------------------------------------------------------------
 def _require_tree(tree: Path) -> Path:
     tree = Path(tree).absolute()
@@ -602,6 +615,7 @@ def _head(tree: Path) -> str:
     return run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
 
 
+@reports_failures_as(PatchApplyError, "check failed")
 def check_series(series: Series, tree: Path) -> CheckResult:
     """Check the whole series against a clean tree without touching it."""
     tree = _require_tree(tree)
@@ -613,6 +627,13 @@ def check_series(series: Series, tree: Path) -> CheckResult:
         try:
             _apply_in_memory(list(reversed(patches)), tree, reverse=True)
         except PatchApplyError:
+            applied = _applied_prefix(patches, tree)
+            if applied:
+                ids = [p.id for p in patches]
+                raise PatchApplyError(
+                    f"the series of torch {series.version} is partly in {tree}: {', '.join(ids[:applied])} "
+                    f"applied, {', '.join(ids[applied:])} not",
+                    hint="reset the tree to its tag (git reset --hard) and apply the whole series") from None
             raise forward from None
         return CheckResult(series.version, len(patches), already_applied=True)
     return CheckResult(series.version, len(patches), already_applied=False)
@@ -643,6 +664,7 @@ def _series_commits(series: Series, tree: Path) -> list[str] | None:
     return commits if ids == series.ids else None
 
 
+@reports_failures_as(PatchApplyError, "apply failed")
 def apply_series(series: Series, tree: Path) -> PatchedTree:
     """Apply the series as one commit per patch; on any failure reset to the starting commit."""
     tree = _require_tree(tree)
@@ -699,6 +721,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+@reports_failures_as(PatchFormatError, "export failed")
 def new_patches(patches_dir: Path, version: str, tree: Path, revrange: str,
                 dry_run: bool = False) -> list[Patch]:
     """Export the commits of ``revrange`` as catalog patches and append them to the series."""
@@ -755,6 +778,7 @@ def asdict_shallow(patch: Patch) -> dict[str, Any]:
     return {f: getattr(patch, f) for f in patch.__dataclass_fields__}
 
 
+@reports_failures_as(PatchFormatError, "refresh failed")
 def refresh_series(patches_dir: Path, version: str, tree: Path, dry_run: bool = False) -> list[RefreshChange]:
     """Re-export each patch of the series from its commit at HEAD (after the commits were edited)."""
     tree = _require_tree(tree)

@@ -284,8 +284,10 @@ def _wheel_sources(wheel: Path, wheelhouse: str | os.PathLike | None) -> list[Pa
 
 
 def pip_install_args(wheel: str, find_links: list[str]) -> list[str]:
-    """Offline: only the given folders, never an index."""
-    args = ["-m", "pip", "install", "--no-index", "--no-cache-dir", "--disable-pip-version-check", "--quiet"]
+    """Offline: only the given folders, never an index; --isolated keeps the user's pip
+    configuration (PIP_FIND_LINKS, pip.conf) from adding other sources."""
+    args = ["-m", "pip", "install", "--isolated", "--no-index", "--no-cache-dir", "--disable-pip-version-check",
+            "--no-compile", "--quiet"]
     for link in find_links:
         args += ["--find-links", link]
     return args + [wheel]

@@ -34,6 +34,7 @@ files (the manifest, build outputs) are not part of it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,7 +43,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 from git.cmd import Git
@@ -50,6 +51,7 @@ from git.cmd import Git
 from patcher.config import Settings
 from patcher.errors import (
     FetchError,
+    PatcherError,
     SubmoduleError,
     TagMismatchError,
     UnpinnedInputError,
@@ -57,6 +59,7 @@ from patcher.errors import (
 )
 from patcher.spec import BuildSpec, is_known
 
+F = TypeVar("F", bound=Callable[..., Any])
 MANIFEST_NAME = "source-manifest.json"
 TREE_HASH_VERSION = b"patcher-tree-v1\n"
 MIRROR_HINT = ("point the git mirror at a copy that has it: --git-mirror, PATCHER_GIT_MIRROR, "
@@ -65,7 +68,9 @@ MIRROR_HINT = ("point the git mirror at a copy that has it: --git-mirror, PATCHE
 # Our own git runs must not depend on the user's git config (hooks, autocrlf, signing).
 _GIT_CONFIG = ("-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null",
                "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false",
-               "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false")
+               "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false",
+               # git am must apply and record patches exactly as written
+               "-c", "apply.whitespace=nowarn", "-c", "am.messageid=false")
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,6 +137,25 @@ class GitCommandFailed(Exception):
     def __init__(self, args: tuple[str, ...], stderr: str):
         super().__init__(f"git {' '.join(args)}: {last_line(stderr)}")
         self.stderr = stderr
+
+
+def reports_failures_as(error: type[PatcherError], what: str) -> Callable[[F], F]:
+    """Decorator for a stage's entry points: an unexpected git or OS failure becomes ``error``."""
+
+    def wrap(func: F) -> F:
+        @functools.wraps(func)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except GitCommandFailed as exc:
+                raise error(f"{what}: {exc}") from None
+            except OSError as exc:
+                where = f" {exc.filename}" if exc.filename else ""
+                raise error(f"{what}: {exc.strerror or exc}{where}") from None
+
+        return inner  # type: ignore[return-value]
+
+    return wrap
 
 
 def last_line(text: str) -> str:
@@ -349,6 +373,27 @@ def tree_hash(tree: Path) -> str:
 
 
 # --- the stage -------------------------------------------------------------------------------
+@reports_failures_as(FetchError, "fetch failed")
+def update_cache(spec: BuildSpec, settings: Settings) -> tuple[Path, tuple[SubmoduleRecord, ...]]:
+    """The transfer phase of a fetch: the tag (verified) and every submodule commit into the caches.
+
+    Returns the repository's cache and the submodule records.  Objects already cached are not
+    transferred again; the tag itself is always asked for, so a moved tag is always seen.
+    """
+    source = mirror_url(spec.repo, settings.git_base())
+    cache = cache_repo(settings, spec.repo)
+    found = _fetch_tag(cache, source, spec.tag)
+    if found != spec.commit:
+        pinned_by = ("[overrides.tag_commits] in " + str(settings.config_file)
+                     if spec.commit_overridden else "the version matrix")
+        raise TagMismatchError(
+            f"tag {spec.tag} in {source} points at {found}, but {pinned_by} pins {spec.commit}: "
+            f"a moved tag is a supply-chain event, refusing it",
+            hint=f'investigate the mirror; only if the new commit is trusted, pin it in [overrides.tag_commits] "{spec.torch}"')
+    return cache, _fetch_submodules(settings, cache, spec.commit, spec.repo)
+
+
+@reports_failures_as(FetchError, "fetch failed")
 def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False) -> SourceTree:
     """Fetch ``spec``'s tag at its pinned commit, with submodules, into ``dest``."""
     dest = Path(dest).absolute()
@@ -364,17 +409,7 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
         return SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
                           commit=spec.commit, commit_overridden=spec.commit_overridden, tree_hash="")
 
-    cache = cache_repo(settings, spec.repo)
-    found = _fetch_tag(cache, source, spec.tag)
-    if found != spec.commit:
-        pinned_by = ("[overrides.tag_commits] in " + str(settings.config_file)
-                     if spec.commit_overridden else "the version matrix")
-        raise TagMismatchError(
-            f"tag {spec.tag} in {source} points at {found}, but {pinned_by} pins {spec.commit}: "
-            f"a moved tag is a supply-chain event, refusing it",
-            hint=f'investigate the mirror; only if the new commit is trusted, pin it in [overrides.tag_commits] "{spec.torch}"')
-
-    submodules = _fetch_submodules(settings, cache, spec.commit, spec.repo)
+    cache, submodules = update_cache(spec, settings)
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))

@@ -44,6 +44,10 @@ class Artifact:
     url: str
     sha256: str
     overridden: bool = False  # True when the site pinned the checksum, not the matrix
+    # Third-party source inputs: the file inside the archive (None: the download itself) and
+    # where it goes in the source tree (None: not part of the tree, e.g. a CUDA runfile).
+    member: str | None = None
+    dest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,8 @@ def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str
     build_env = dict(rel.get("build_env", {}))
     if cuda == CPU:
         build_env.update(rel.get("cpu_build_env", {}))
-    inputs = tuple(_artifact(i["name"], i["url"], i["sha256"], ov) for i in rel.get("inputs", ()))
+    inputs = tuple(_artifact(i["name"], i["url"], i["sha256"], ov, member=i.get("member"), dest=i.get("dest"))
+                   for i in rel.get("inputs", ()))
     return BuildSpec(
         torch=torch, tag=rel["tag"], commit=commit, repo=rel["repo"], python=python, cuda=cuda,
         cuda_full=cuda_full, cudnn=cudnn_version, gcc=gcc, arch_list=arch_list,
@@ -266,13 +271,14 @@ def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str
         build_env=build_env, inputs=inputs, commit_overridden=commit_overridden)
 
 
-def _artifact(name: str, url: str, sha256: str, ov: Any) -> Artifact:
+def _artifact(name: str, url: str, sha256: str, ov: Any, member: str | None = None,
+              dest: str | None = None) -> Artifact:
     if name in ov.artifacts:
         pinned = ov.artifacts[name]
         if not SHA256_RE.match(pinned):
             raise ConfigError(f"[overrides.artifacts] {name} must be a 64-digit sha256")
-        return Artifact(name=name, url=url, sha256=pinned, overridden=True)
-    return Artifact(name=name, url=url, sha256=sha256)
+        return Artifact(name=name, url=url, sha256=pinned, overridden=True, member=member, dest=dest)
+    return Artifact(name=name, url=url, sha256=sha256, member=member, dest=dest)
 
 
 def matrix_rows(settings: Settings) -> list[dict[str, Any]]:

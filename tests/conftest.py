@@ -14,6 +14,8 @@ pytest_plugins = [
     "tests.fixtures.docker_env",
     "tests.fixtures.torch_env",
     "tests.fixtures.index_env",
+    "tests.fixtures.standin",
+    "tests.fixtures.mirror_env",
 ]
 
 

@@ -26,12 +26,15 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None
         time.sleep(0.02)
 
 
-def _assert_complete(idx: Path) -> None:
-    """Every project the root lists has pages, and every file a page names is there with its hash."""
-    root = [a["href"].rstrip("/") for a in anchors(idx / "simple" / "index.html")]
-    assert root == [p["name"] for p in json.loads((idx / "simple" / "index.json").read_text())["projects"]]
+def _assert_complete(idx: Path, simple: str = "simple") -> None:
+    """Every project the root lists has pages, and every file a page names is there with its hash.
+
+    ``simple``: the path a reader walks (a generation directory to walk one snapshot)."""
+    base = idx / simple
+    root = [a["href"].rstrip("/") for a in anchors(base / "index.html")]
+    assert root == [p["name"] for p in json.loads((base / "index.json").read_text())["projects"]]
     for project in root:
-        for a in anchors(idx / "simple" / project / "index.html"):
+        for a in anchors(base / project / "index.html"):
             url, _, fragment = a["href"].partition("#sha256=")
             path = idx / os.path.normpath(f"simple/{project}/{url}")  # as a URL resolves, not the fs
             assert hashlib.sha256(path.read_bytes()).hexdigest() == fragment
@@ -118,13 +121,18 @@ def test_readers_during_publishes_always_see_complete_pages(tmp_path):
     seen = 0
 
     def reader():
+        # Each walk reads one snapshot: the generation `simple` names when the walk starts.
+        # A generation stays readable for KEEP_GENERATIONS - 1 further publishes; a walk that
+        # outlived that (a starved thread on a loaded machine) is retried, not counted.
         nonlocal seen
         while not stop.is_set():
+            generation = os.readlink(idx / "simple")
             try:
-                _assert_complete(idx)
+                _assert_complete(idx, generation)
                 seen += 1
             except Exception as exc:  # noqa: BLE001 - report any inconsistency
-                errors.append(repr(exc))
+                if (idx / generation).exists():
+                    errors.append(f"{generation}: {exc!r}")
 
     thread = threading.Thread(target=reader)
     thread.start()

@@ -223,6 +223,14 @@ def test_second_patch_failing_reports_after_the_first_in_memory(workspace):
         patches.check_series(workspace.series(), tree)
 
 
+def test_a_partly_applied_series_is_named(workspace, patcher_cli):
+    tree = workspace.clone()
+    git(tree, "am", "-q", workspace.series().patches[0].path)
+    result = patcher_cli("--catalog", workspace.catalog, "patches", "apply", "--torch", VERSION, "--source", tree)
+    assert result.exit_code == PatchApplyError.exit_code
+    assert f"the series of torch 1.13.1 is partly in {tree}: PT-0001 applied, PT-0002 not" in result.stderr
+
+
 def test_dirty_tree_is_refused(workspace, patcher_cli):
     tree = workspace.clone()
     (tree / "run.sh").write_text("changed\n")

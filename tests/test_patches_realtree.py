@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -16,7 +17,10 @@ pytestmark = pytest.mark.realtree
 
 
 def git(cwd, *args) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@patcher.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@patcher.invalid")
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
 
 
 def test_check_and_apply_the_real_series(realtree_checkout, realtree_mirror, patcher_cli, tmp_path):

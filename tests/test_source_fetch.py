@@ -256,6 +256,8 @@ def test_refusals_before_any_work(small_mirror, tmp_path):
     assert not (tmp_path / "dry").exists() and not (tmp_path / "cache").exists()
     with pytest.raises(FetchError, match="tag v9.9 does not exist"):
         source.fetch(spec_for(settings, "v9.9", "a" * 40), settings, tmp_path / "x")
+    with pytest.raises(FetchError, match=f"fetch failed: .* {busy / 'file'}"):
+        source.fetch(spec_for(settings, "v1.0", small_mirror.commits["v1.0"]), settings, busy / "file" / "app")
     assert not (tmp_path / "x").exists()
 
 
@@ -263,8 +265,9 @@ def test_fetch_command_exit_codes(small_mirror, tmp_path, patcher_cli):
     """The CLI with a matrix whose 1.13.1 entry points at the small repo."""
     matrix = DEFAULT_MATRIX.read_text()
     entry = re.search(r'\[torch\."1\.13\.1"\]\ntag = "v1\.13\.1"\ncommit = "[0-9a-f]{40}"\nrepo = "[^"]+"', matrix)
-    matrix = matrix.replace(entry.group(0), '[torch."1.13.1"]\ntag = "v1.0"\ncommit = "%s"\n'
-                            'repo = "https://github.com/org/app.git"' % small_mirror.commits["v1.0"])
+    commit = small_mirror.commits["v1.0"]
+    matrix = matrix.replace(entry.group(0), f'[torch."1.13.1"]\ntag = "v1.0"\ncommit = "{commit}"\n'
+                            'repo = "https://github.com/org/app.git"')
     (tmp_path / "matrix.toml").write_text(matrix)
     common = ["--matrix", tmp_path / "matrix.toml", "fetch", "--torch", "1.13.1", "--git-mirror", small_mirror.url,
               "--cache", tmp_path / "cache"]

@@ -369,9 +369,8 @@ def run_spec(spec, ctx, remaining_budget=None):
     if reason is not None:
         entry["message"] = reason
         return entry
+    # the budget gates starting checks; one already running keeps its own time limit
     timeout = spec.timeout
-    if remaining_budget is not None:
-        timeout = max(1.0, min(timeout, remaining_budget))
     if spec.isolate:
         outcome = call_isolated(spec, check_ctx, timeout)
     else:

@@ -30,7 +30,7 @@ def _parse_type_line(ctx):
     try:
         import torch.jit.annotations as annotations
     except ImportError as exc:
-        raise Skip("torch.jit.annotations cannot be imported: %s" % exc)
+        raise Skip("torch.jit.annotations cannot be imported: %s" % exc) from None
     parse = getattr(annotations, "parse_type_line", None)
     if parse is None:
         raise Skip("this torch has no torch.jit.annotations.parse_type_line")
@@ -43,7 +43,7 @@ def _type_line_control(parse):
         arg_types, return_type = parse("# type: (int, List[int]) -> Tensor", None, None)
     except Exception as exc:
         raise Fail("parse_type_line no longer parses a plain type comment: %s: %s"
-                   % (type(exc).__name__, exc))
+                   % (type(exc).__name__, exc)) from None
     # the file that was probed: a patched copy can be loaded in place of the installed one
     module = sys.modules.get(parse.__module__)
     return {"control": "%s -> %s" % ([str(t) for t in arg_types], return_type),
@@ -234,7 +234,7 @@ def _lite_interpreter_api(torch):
         load = mobile._load_for_lite_interpreter
     except (ImportError, AttributeError):
         raise Skip("this torch has no Python binding for the mobile (lite) interpreter "
-                   "(torch.jit.mobile._load_for_lite_interpreter, torch >= 1.6)")
+                   "(torch.jit.mobile._load_for_lite_interpreter, torch >= 1.6)") from None
 
     def make_model():
         class PairOf(torch.nn.Module):
@@ -289,7 +289,7 @@ def _run_malformed_bytecode(ctx, opcode, operand, what):
         control = load(io.BytesIO(_with_bytecode(model, unchanged)))(3)
     except Exception as exc:
         raise Skip("a re-packed lite-interpreter model does not load here (%s: %s); the "
-                   "malformed-bytecode trigger cannot be built" % (type(exc).__name__, exc))
+                   "malformed-bytecode trigger cannot be built" % (type(exc).__name__, exc)) from None
     if tuple(control) != (3, 4):
         raise Fail("the control lite-interpreter model returned %r, expected (3, 4)" % (control,))
 
@@ -305,19 +305,30 @@ def _run_malformed_bytecode(ctx, opcode, operand, what):
     if not seen:
         raise Skip("this torch compiles the probe model without a %s instruction" % opcode)
     details = {"instruction": "%s X=%d (was %d)" % (opcode, operand, seen[0][1])}
-    try:
-        module = load(io.BytesIO(crafted))
-    except RuntimeError as exc:
-        details["result"] = "refused at load: %s" % str(exc).splitlines()[0][:200]
-        return details
-    try:
-        result = module(3)
-    except RuntimeError as exc:
-        details["result"] = "refused at run: %s" % str(exc).splitlines()[0][:200]
-        return details
+    for stage in ("load", "run"):
+        try:
+            if stage == "load":
+                module = load(io.BytesIO(crafted))
+            else:
+                result = module(3)
+        except RuntimeError as exc:
+            # a torch check (c10::Error) refused the bytecode: the clean outcome
+            details["result"] = "refused at %s: %s" % (stage, _first_line(exc))
+            return details
+        except Exception as exc:
+            # anything else came out of reading past the table (seen on torch 2.11.0: the
+            # std::string built from a stray operator name fails, pybind11 maps it to ValueError)
+            details["result"] = "failed at %s: %s: %s" % (stage, type(exc).__name__, _first_line(exc))
+            raise Finding("the mobile interpreter used the %s operand without checking it (%s)"
+                          % (opcode, what), details) from None
     details["result"] = "returned %r" % (result,)
     raise Finding("the mobile interpreter ran %s without checking its operand (%s)" % (opcode, what),
                   details)
+
+
+def _first_line(exc):
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else ""
 
 
 @check("security.cve_2024_31580", torch=">=1.4", device="cpu", patches=("PT-0104",), required=False,

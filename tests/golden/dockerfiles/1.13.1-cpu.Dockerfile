@@ -58,6 +58,8 @@ RUN useradd --create-home --home-dir /home/builder --uid 1000 --user-group --she
  && chown builder:builder /src /ccache /out
 
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    BUILD_CAFFE2="0" \
+    BUILD_TEST="0" \
     CC="gcc-10" \
     CCACHE_DIR="/ccache" \
     CMAKE_CXX_COMPILER_LAUNCHER="ccache" \
@@ -65,7 +67,20 @@ ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     CXX="g++-10" \
     PATCHER_PYTHON="/usr/bin/python3" \
     PYTORCH_BUILD_VERSION="1.13.1+cpu.pt1" \
-    USE_CUDA="0"
+    USE_CUDA="0" \
+    USE_DISTRIBUTED="0" \
+    USE_FBGEMM="0" \
+    USE_GLOO="0" \
+    USE_ITT="0" \
+    USE_KINETO="0" \
+    USE_MKL="0" \
+    USE_MKLDNN="0" \
+    USE_NNPACK="0" \
+    USE_PYTORCH_QNNPACK="0" \
+    USE_QNNPACK="0" \
+    USE_SYSTEM_LIBS="1" \
+    USE_TENSORPIPE="0" \
+    USE_XNNPACK="0"
 
 LABEL \
       org.opencontainers.image.title="patcher builder torch-1.13.1-cpu.pt1-py3.9" \
@@ -76,8 +91,8 @@ LABEL \
       org.opencontainers.image.revision="49444c3e546bf240bed24a101e747422d1f8a0ee" \
       org.opencontainers.image.version="1.13.1+cpu.pt1" \
       org.patcher.build-id="torch-1.13.1-cpu.pt1-py3.9" \
-      org.patcher.spec-sha256="b3d8da16d6369e5120069934cea8b81ff21a6451b8716698c322fb2bfc8886e5" \
-      org.patcher.spec="{\"arch_list\":null,\"build_env\":{},\"build_number\":1,\"commit\":\"49444c3e546bf240bed24a101e747422d1f8a0ee\",\"commit_overridden\":false,\"cuda\":\"none\",\"cuda_full\":null,\"cuda_runfile\":null,\"cudnn\":null,\"cudnn_archive\":null,\"gcc\":10,\"image\":{\"codename\":\"bullseye\",\"digest\":\"sha256:f313b4bd62667092a59b3a664d7d3ab8b5e65f41675f48e81455a15dc5abe792\",\"family\":\"debian\",\"name\":\"debian-bullseye\",\"overridden\":false,\"ref\":\"docker.io/library/debian:bullseye-slim\"},\"inputs\":[],\"local_label\":\"cpu.pt1\",\"nvcc_flags\":null,\"python\":\"3.9\",\"repo\":\"https://github.com/pytorch/pytorch.git\",\"tag\":\"v1.13.1\",\"torch\":\"1.13.1\"}"
+      org.patcher.spec-sha256="d4ab70ba2ee1e4b9d115a3909628fcdec4d506593164792711496a95691c84f1" \
+      org.patcher.spec="{\"arch_list\":null,\"build_env\":{\"BUILD_CAFFE2\":\"0\",\"BUILD_TEST\":\"0\",\"USE_CUDA\":\"0\",\"USE_DISTRIBUTED\":\"0\",\"USE_FBGEMM\":\"0\",\"USE_GLOO\":\"0\",\"USE_ITT\":\"0\",\"USE_KINETO\":\"0\",\"USE_MKL\":\"0\",\"USE_MKLDNN\":\"0\",\"USE_NNPACK\":\"0\",\"USE_PYTORCH_QNNPACK\":\"0\",\"USE_QNNPACK\":\"0\",\"USE_SYSTEM_LIBS\":\"1\",\"USE_TENSORPIPE\":\"0\",\"USE_XNNPACK\":\"0\"},\"build_number\":1,\"commit\":\"49444c3e546bf240bed24a101e747422d1f8a0ee\",\"commit_overridden\":false,\"cuda\":\"none\",\"cuda_full\":null,\"cuda_runfile\":null,\"cudnn\":null,\"cudnn_archive\":null,\"gcc\":10,\"image\":{\"codename\":\"bullseye\",\"digest\":\"sha256:f313b4bd62667092a59b3a664d7d3ab8b5e65f41675f48e81455a15dc5abe792\",\"family\":\"debian\",\"name\":\"debian-bullseye\",\"overridden\":false,\"ref\":\"docker.io/library/debian:bullseye-slim\"},\"inputs\":[{\"dest\":\"third_party/pocketfft/pocketfft_hdronly.h\",\"member\":\"numpy-2.0.0/numpy/fft/pocketfft/pocketfft_hdronly.h\",\"name\":\"numpy-2.0.0.tar.gz\",\"overridden\":false,\"sha256\":\"cf5d1c9e6837f8af9f92b6bd3e86d513cdc11f60fd62185cc49ec7d1aba34864\",\"url\":\"https://files.pythonhosted.org/packages/05/35/fb1ada118002df3fe91b5c3b28bc0d90f879b881a5d8f68b1f9b79c44bfe/numpy-2.0.0.tar.gz\"}],\"local_label\":\"cpu.pt1\",\"nvcc_flags\":null,\"python\":\"3.9\",\"repo\":\"https://github.com/pytorch/pytorch.git\",\"tag\":\"v1.13.1\",\"torch\":\"1.13.1\"}"
 
 USER 1000:1000
 WORKDIR /src
