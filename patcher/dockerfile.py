@@ -293,7 +293,9 @@ def build_image(api, rendered: RenderedDockerfile, tag: str | None = None,
                 extra_labels: dict[str, str] | None = None, on_log=None) -> str:
     """Build with the low-level API (classic builder, streamed log); returns the image ID.
 
-    ``rm``/``forcerm`` remove intermediate containers even when a step fails.
+    ``rm``/``forcerm`` remove intermediate containers even when a step fails.  The spec's labels
+    are already LABEL lines of the Dockerfile; ``extra_labels`` are added by the engine (the
+    classic builder commits one layer per label, so keep them few).
     """
     from docker.errors import APIError
 
@@ -301,7 +303,7 @@ def build_image(api, rendered: RenderedDockerfile, tag: str | None = None,
     image_id = None
     try:
         stream = api.build(fileobj=io.BytesIO(rendered.context_tar()), custom_context=True,
-                           tag=tag or rendered.image_tag, labels={**rendered.labels, **(extra_labels or {})},
+                           tag=tag or rendered.image_tag, labels=dict(extra_labels or {}),
                            rm=True, forcerm=True, decode=True)
         for item in stream:
             text = item.get("stream")

@@ -111,14 +111,11 @@ def sign_envelope(payload: bytes, key: Ed25519PrivateKey, payload_type: str = PA
 def _b64decode(value: Any, what: str) -> bytes:
     if not isinstance(value, str):
         raise EvidenceFormatError(f"DSSE envelope {what} is not a base64 string")
+    # DSSE accepts standard and URL-safe base64; both strictly (no silently skipped characters).
     try:
-        return base64.b64decode(value, validate=True)
+        return base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
     except (binascii.Error, ValueError):
-        # DSSE allows URL-safe base64 too.
-        try:
-            return base64.urlsafe_b64decode(value)
-        except (binascii.Error, ValueError):
-            raise EvidenceFormatError(f"DSSE envelope {what} is not valid base64") from None
+        raise EvidenceFormatError(f"DSSE envelope {what} is not valid base64") from None
 
 
 def open_envelope(envelope: dict[str, Any], public_key: Ed25519PublicKey) -> bytes:
@@ -443,11 +440,6 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
     else:
         raise EvidenceFormatError(f"build log {log_path} does not exist and the record has no log_sha256")
 
-    out = Path(out_dir) if out_dir is not None else wheel_path.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise EvidenceFormatError(f"cannot create output directory {out}: {exc.strerror}") from None
     sbom = build_sbom(record, spec)
     sbom_name = record.wheel.name + SBOM_SUFFIX
     byproducts = [
@@ -460,6 +452,12 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
     ]
     statement = build_statement(record, spec, byproducts)
     envelope = sign_envelope(canonical_json(statement), key)
+    # Everything is computed: only now touch the file system.
+    out = Path(out_dir) if out_dir is not None else wheel_path.parent
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvidenceFormatError(f"cannot create output directory {out}: {exc.strerror}") from None
     targets = {
         out / report.name: report.data,
         out / sbom_name: sbom,

@@ -102,13 +102,16 @@ class BuildRecord:
         if missing:
             raise EvidenceFormatError(f"build record lacks field(s): {', '.join(missing)}")
         try:
-            values = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
-            src = dict(values["source"])
-            src["submodules"] = tuple(Submodule(**s) for s in src.get("submodules", ()))
+            # A record may be a superset (the builder keeps its stage state in it): unknown keys
+            # are ignored at every level.
+            values = _known(cls, data)
+            src = _known(SourceManifest, values["source"])
+            src["submodules"] = tuple(Submodule(**_known(Submodule, s)) for s in src.get("submodules", ()))
             values["source"] = SourceManifest(**src)
-            values["patches"] = tuple(AppliedPatch(**p) for p in values["patches"])
-            values["wheel"] = WheelFile(**values["wheel"])
-            values["build_requirements"] = tuple(PipRequirement(**r) for r in values.get("build_requirements", ()))
+            values["patches"] = tuple(AppliedPatch(**_known(AppliedPatch, p)) for p in values["patches"])
+            values["wheel"] = WheelFile(**_known(WheelFile, values["wheel"]))
+            values["build_requirements"] = tuple(PipRequirement(**_known(PipRequirement, r))
+                                                 for r in values.get("build_requirements", ()))
             values["trust_overrides"] = tuple(dict(o) for o in values.get("trust_overrides", ()))
             return cls(**values)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
@@ -118,6 +121,13 @@ class BuildRecord:
         """A path from the record, relative ones taken from the record's directory."""
         p = Path(path)
         return p if p.is_absolute() else record_dir / p
+
+
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be a JSON object, not {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
 
 
 def _required_fields(cls: type) -> list[str]:

@@ -231,12 +231,22 @@ def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str
     if cuda != CPU:
         arch_list = arch or cuda_table[cuda]["default_arch_list"]
         newest = cuda_table[cuda]["max_compute"]
-        for cc, _ptx in parse_arch_list(arch_list):
+        oldest = cuda_table[cuda].get("min_compute")
+        entries = parse_arch_list(arch_list)
+        if not entries:
+            raise UnsupportedCombinationError("--arch lists no compute capability",
+                                              hint="give e.g. --arch '7.0;7.5+PTX', or leave it out")
+        for cc, _ptx in entries:
             if _version_key(cc) > _version_key(newest):
                 raise UnsupportedCombinationError(
                     f"CUDA {cuda} can compile for compute capability up to {newest}, not {cc}: "
                     f"such a wheel cannot run CUDA kernels on that GPU",
                     hint=f"drop {cc} from --arch, or pick a newer CUDA for this torch")
+            if oldest and _version_key(cc) < _version_key(oldest):
+                raise UnsupportedCombinationError(
+                    f"CUDA {cuda} can compile for compute capability {oldest} and newer, not {cc} "
+                    f"(nvcc dropped that architecture)",
+                    hint=f"drop {cc} from --arch, or pick an older CUDA for this torch")
     elif arch:
         raise UnsupportedCombinationError("--arch needs a CUDA build", hint="drop --arch or give --cuda")
 

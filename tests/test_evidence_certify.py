@@ -229,3 +229,16 @@ def test_certify_with_record_written_by_the_fixture_helper_in_place(tmp_path, to
     result = evidence.certify(record, make_probe_report(tmp_path / "p.json"), key)
     assert result.provenance.parent == dist and result.wheel == dist / torch_wheel.name
     assert not [p for p in dist.iterdir() if p.name.startswith(".")]
+
+
+def test_build_record_round_trips_and_ignores_keys_it_does_not_know(certified_bundle):
+    from patcher.record import BuildRecord
+
+    record = load_record(certified_bundle.record)
+    data = record.to_json()
+    assert BuildRecord.from_json(json.loads(json.dumps(data))) == record
+    superset = json.loads(json.dumps(data))
+    superset["completed_stages"] = ["fetch", "patch"]          # the builder's own state
+    superset["wheel"]["size"] = 123
+    superset["patches"][0]["category"] = "bugfix"
+    assert BuildRecord.from_json(superset) == record
