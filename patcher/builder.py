@@ -299,12 +299,21 @@ def log_mentions_disk_full(line: str) -> bool:
     return any(marker in line for marker in DISK_FULL_MARKERS)
 
 
+_ERROR_LINE = re.compile(r"(\berror\b|\bError\b|FAILED:|fatal:|No space left)")
+
+
 def last_meaningful(lines: list[str]) -> str:
-    for line in reversed(lines):
-        text = line.strip()
-        if text:
-            return text[:300]
-    return "(no output)"
+    """The line that says why a build failed: CMake's error with its reason, else the last
+    compiler/ninja error, else the last line of output."""
+    text = [ln.strip() for ln in lines if ln.strip()]
+    for i in range(len(text) - 1, -1, -1):
+        if text[i].startswith("CMake Error"):
+            reason = text[i + 1] if i + 1 < len(text) else ""
+            return f"{text[i]} {reason}".strip()[:300]
+    for line in reversed(text[-60:]):
+        if _ERROR_LINE.search(line):
+            return line[:300]
+    return text[-1][:300] if text else "(no output)"
 
 
 # --- progress and log ------------------------------------------------------------------------------
@@ -670,6 +679,7 @@ class Builder:
                                             f"{self.log_path}", hint="continue it with --resume") from None
                 except PatcherError as exc:
                     self.progress.log_only(f"error: {exc}")
+                    self._save()  # what the failed stage learnt (toolchain ...) stays in the record
                     raise
         finally:
             self.progress.close()

@@ -33,7 +33,7 @@ from typing import Any
 import jinja2
 
 from patcher.config import Settings
-from patcher.errors import ImageBuildError, TemplateError, UnpinnedInputError
+from patcher.errors import ImageBuildError, OutputWriteError, TemplateError, UnpinnedInputError
 from patcher.spec import BuildSpec, is_known, load_matrix
 
 TEMPLATE_NAME = "builder.Dockerfile.j2"
@@ -77,14 +77,21 @@ class RenderedDockerfile:
 
     def write(self, out_dir: Path) -> list[Path]:
         """Write the Dockerfile and its context files into out_dir (each via temp + rename)."""
-        out_dir.mkdir(parents=True, exist_ok=True)
         written = []
-        for name, data in [("Dockerfile", self.text.encode()), *sorted(self.context_files.items())]:
-            path = out_dir / name
-            tmp = path.with_name(f".{name}.part")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-            written.append(path)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for name, data in [("Dockerfile", self.text.encode()), *sorted(self.context_files.items())]:
+                path = out_dir / name
+                tmp = path.with_name(f".{name}.part")
+                try:
+                    tmp.write_bytes(data)
+                    tmp.replace(path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                written.append(path)
+        except OSError as exc:
+            raise OutputWriteError(f"cannot write into {out_dir}: {exc.strerror or exc}",
+                                   hint="pick a writable directory with -o") from None
         return written
 
 
@@ -361,8 +368,11 @@ def write_bake_file(settings: Settings, bake_path: Path) -> dict[str, Any]:
             "labels": r.labels,
         }
     bake = {"group": {"default": {"targets": sorted(targets)}}, "target": dict(sorted(targets.items()))}
-    bake_dir.mkdir(parents=True, exist_ok=True)
     tmp = bake_path.with_name(f".{bake_path.name}.part")
-    tmp.write_text(json.dumps(bake, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(bake_path)
+    try:
+        tmp.write_text(json.dumps(bake, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(bake_path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputWriteError(f"cannot write {bake_path}: {exc.strerror or exc}") from None
     return bake

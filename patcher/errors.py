@@ -54,6 +54,12 @@ class TemplateError(PatcherError):
     exit_code = 15
 
 
+class OutputWriteError(PatcherError):
+    """A file the command writes (rendered Dockerfile, locked matrix) could not be written."""
+
+    exit_code = 16
+
+
 # --- fetch (2x) ---------------------------------------------------------------------------
 class FetchError(PatcherError):
     exit_code = 20

@@ -330,28 +330,40 @@ def _clear_leftovers(layout: IndexLayout) -> None:
         pending = json.loads(layout.pending.read_text())
     except (OSError, ValueError):
         return
-    _collect_garbage(layout, pending.get("projects", []))
+    gen = str(pending.get("generation", ""))
+    _collect_garbage(layout, {project: {gen} for project in pending.get("projects", [])} if gen else {})
     layout.pending.unlink(missing_ok=True)
 
 
-def _collect_garbage(layout: IndexLayout, touched: Iterable[str]) -> None:
-    """Drop generations beyond KEEP_GENERATIONS and the touched projects' pages none of them use."""
+def _collect_garbage(layout: IndexLayout, candidates: dict[str, set[str]] | None = None) -> None:
+    """Drop generations beyond KEEP_GENERATIONS, and the project pages only they used.
+
+    The dropped generations' manifests say which page versions may have become unused, so no
+    project directory is listed; ``candidates`` adds versions a killed publish left behind."""
     gens = sorted((n for n in os.listdir(layout.generations) if _GEN_RE.match(n)), reverse=True)
     current = layout.current_generation()
     keep = [g for g in gens if current is None or g <= current][:KEEP_GENERATIONS]
+    maybe_unused: dict[str, set[str]] = {p: set(v) for p, v in (candidates or {}).items()}
     for g in gens:
-        if g not in keep:
-            shutil.rmtree(layout.generations / g, ignore_errors=True)
-    used: dict[str, set[str]] = {}
-    manifests = [layout.manifest(g) for g in keep]
-    for project in touched:
-        used[project] = {m[project] for m in manifests if project in m}
-        pdir = layout.projects / project
-        for name in (os.listdir(pdir) if pdir.is_dir() else []):
-            if name not in used[project]:
-                shutil.rmtree(pdir / name, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            pdir.rmdir()  # only when empty
+        if g in keep:
+            continue
+        try:
+            dropped = layout.manifest(g)
+        except PublishError:  # a damaged old generation: nothing to learn from it
+            dropped = {}
+        for project, version in dropped.items():
+            maybe_unused.setdefault(project, set()).add(version)
+        shutil.rmtree(layout.generations / g, ignore_errors=True)
+    if not maybe_unused:
+        return
+    kept = [layout.manifest(g) for g in keep]
+    for project, versions in maybe_unused.items():
+        used = {m.get(project) for m in kept}
+        for version in versions - used:
+            shutil.rmtree(layout.projects / project / version, ignore_errors=True)
+        if not any(project in m for m in kept):
+            with contextlib.suppress(OSError):
+                (layout.projects / project).rmdir()  # only when empty
 
 
 def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[str, list[IndexFile]],
@@ -397,7 +409,7 @@ def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[s
     os.symlink(f".generations/{gen}", link)
     os.replace(link, layout.simple)   # the switch: atomic on POSIX
     _fsync_dir(layout.root)
-    _collect_garbage(layout, touched)
+    _collect_garbage(layout)
     layout.pending.unlink(missing_ok=True)
     return gen
 
@@ -516,12 +528,11 @@ def yank(index_dir: Path, filename: str, reason: str = "", undo: bool = False) -
     except InvalidWheelFilename as exc:
         raise PublishError(f"{filename} is not a wheel file name: {exc}") from None
     project = str(name)
+    if layout.current_generation() is None:  # before locking: create nothing in a wrong directory
+        raise PublishError(f"{index_dir} holds no index", hint="publish into it first")
     try:
         with _locked(layout):
-            current = layout.current_generation()
-            if current is None:
-                raise PublishError(f"{index_dir} holds no index", hint="publish into it first")
-            _prepare(layout)
+            current = _prepare(layout)
             manifest = layout.manifest(current)
             files = layout.read_project(project, manifest[project]) if project in manifest else []
             if filename not in {f.filename for f in files}:

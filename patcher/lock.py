@@ -19,7 +19,7 @@ from typing import Any
 import requests
 
 from patcher.config import Settings
-from patcher.errors import ConfigError, RegistryError
+from patcher.errors import ConfigError, OutputWriteError, RegistryError
 from patcher.spec import load_matrix
 
 MANIFEST_TYPES = ", ".join([
@@ -168,12 +168,19 @@ def set_digest(text: str, name: str, digest: str) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write {path}: {exc.strerror or exc}",
+                               hint="the matrix file's directory must be writable") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.chmod(tmp, path.stat().st_mode & 0o7777)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

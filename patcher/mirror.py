@@ -1411,7 +1411,8 @@ def unbundle(archive: Path, dest: Path) -> BundleResult:
                 manifest = json.loads(tar.extractfile(first).read())
                 expected: dict[str, dict[str, Any]] = manifest["files"]
                 seen: set[str] = set()
-                for member in tar:
+                # tar.next(), not iteration: iterating a TarFile starts again at the first member.
+                while (member := tar.next()) is not None:
                     rel = _safe_member_path(member.name)
                     if rel is None or not member.isfile():
                         raise BundleError(f"{archive}: member {member.name!r} is not a plain file inside mirror/")

@@ -105,3 +105,11 @@ def test_image_archive_is_byte_stable(tmp_path):
     write_image_archive(rootfs, tmp_path / "one.tar", "t:1", config, "ab" * 32, 1628899200)
     write_image_archive(rootfs, tmp_path / "two.tar", "t:1", config, "ab" * 32, 1628899200)
     assert (tmp_path / "one.tar").read_bytes() == (tmp_path / "two.tar").read_bytes()
+
+
+def test_python_image_has_python_venv_and_pip(docker_client, bullseye_python_image, bullseye_base_image, no_leaks):
+    image = docker_client.images.get(bullseye_python_image.tag)
+    assert image.labels["org.patcher.test-base-id"] == bullseye_base_image.image_id
+    out = docker_client.containers.run(
+        image.id, ["bash", "-c", "python3 -m venv /tmp/v && /tmp/v/bin/python -m pip --version"], remove=True)
+    assert b"python 3.9" in out

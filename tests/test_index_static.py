@@ -104,6 +104,7 @@ def test_yank_and_unyank(tmp_path, patcher_cli):
     assert res.exit_code == 70 and "is not in the index" in res.stderr
     res = patcher_cli("yank", "--index", tmp_path / "empty", wheel.name)
     assert res.exit_code == 70 and "holds no index" in res.stderr
+    assert not (tmp_path / "empty").exists()
 
 
 def test_publish_errors(tmp_path, patcher_cli):
@@ -199,5 +200,13 @@ def test_incremental_publish_rewrites_only_the_touched_project_and_the_root(tmp_
     incremental = _tree_state(idx)
     index.regenerate(idx)
     assert _tree_state(idx) == incremental
-    # old generations are dropped beyond the few kept for readers in flight
-    assert len([g for g in os.listdir(idx / ".generations") if g.startswith("g")]) == index.KEEP_GENERATIONS
+    # old generations are dropped beyond the few kept for readers in flight, and with them every
+    # page version no kept generation links to (also of projects the last publishes did not touch)
+    for i in range(index.KEEP_GENERATIONS + 1):
+        index.publish(idx, [write_minimal_wheel(src, "pkg-0", f"3.{i}", evidence=True)])
+    gens = [g for g in os.listdir(idx / ".generations") if g.startswith("g")]
+    assert len(gens) == index.KEEP_GENERATIONS
+    linked = {(p, os.path.basename(os.readlink(idx / ".generations" / g / p)))
+              for g in gens for p in os.listdir(idx / ".generations" / g) if not p.endswith((".html", ".json"))}
+    stored = {(p, v) for p in os.listdir(idx / ".projects") for v in os.listdir(idx / ".projects" / p)}
+    assert stored == linked

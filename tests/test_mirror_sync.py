@@ -42,7 +42,7 @@ def test_sync_fills_the_layout_and_a_second_sync_transfers_nothing(mirror_upstre
     assert git("rev-parse", "v1.4.0^{commit}", cwd=top) == up.commits["pytorch"]
     assert git("tag", "--list", cwd=top) == "v1.4.0"  # not v1.5.0: pinned refs only, no --mirror
     assert git("tag", "--list", cwd=mirror / "git" / "standin" / "dep.git") == "dep-v1"
-    for name, sha in up.files.values():
+    for _name, sha in up.files.values():
         assert hashlib.sha256((mirror / "files" / sha).read_bytes()).hexdigest() == sha
     wheel = mirror / "wheelhouse" / "standin-helper" / up.wheel[0]
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == up.wheel[1]

@@ -261,3 +261,12 @@ def test_bake_refuses_unpinned_pairs(patcher_cli, tmp_path):
     res = patcher_cli("matrix", "--bake", tmp_path / "docker-bake.json")
     assert res.exit_code == 13 and "torch-2.1.2-cu121.pt1-py3.9" in res.stderr
     assert not (tmp_path / "docker-bake.json").exists()
+
+
+def test_unwritable_output_is_one_error(patcher_cli, tmp_path):
+    (tmp_path / "a-file").write_text("not a directory")
+    res = patcher_cli("render", "--torch", "1.13.1", "--cuda", "none", "-o", tmp_path / "a-file" / "out")
+    assert res.exit_code == 16 and "cannot write into" in res.stderr and "Traceback" not in res.stderr
+    res = patcher_cli("--config", GOLDEN_CONFIG, "matrix", "--bake", tmp_path / "a-file" / "bake.json")
+    assert res.exit_code == 16 and "Traceback" not in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -19,8 +19,9 @@ import zipfile
 from ..framework import Fail, Finding, Skip, check
 
 # --- CVE-2022-45907: torch.jit.annotations.parse_type_line evaluates its input -----------------
-# The marker names are resolved through the resolution callback (rcb) the check passes in, so a
-# torch that evaluates the type comment calls into the check and nothing else.
+# The marker names resolve to the check's own objects (through the resolution callback the check
+# passes in, or briefly through builtins), so a torch that evaluates the type comment calls into
+# the check and nothing else.
 CALL_MARKER = "patcher_probe_call"
 TARGET_MARKER = "patcher_probe_target"
 RECORD_MARKER = "patcher_probe_record"

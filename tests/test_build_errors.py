@@ -1,0 +1,220 @@
+"""`patcher build` in a bad environment: one line, its own exit code, no traceback, nothing left
+behind (containers, volumes, temp files) and the log kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from patcher.errors import (
+    BuildTimeoutError,
+    DiskFullError,
+    DockerPermissionError,
+    DockerUnavailableError,
+    ImageBuildError,
+    InterruptedByUser,
+    UnreachableInputError,
+    WheelBuildError,
+)
+from tests.fixtures.standin import make_standin
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _one_line_error(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("patcher: error:")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def _no_temp_files(work: Path) -> None:
+    leftovers = [p for p in work.rglob("*") if p.name.endswith((".tmp", ".part")) or p.name.startswith(".source-")]
+    assert not leftovers, leftovers
+
+
+def _build_containers(docker_client, build_id: str) -> list[str]:
+    return [c.name for c in docker_client.containers.list(all=True, filters={"label": f"org.patcher.build-id={build_id}"})]
+
+
+# --- the engine ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_no_docker_daemon(standin_offline, tmp_path, patcher_cli, how):
+    work = tmp_path / "work"
+    args = standin_offline.build_args(work)
+    env = dict(standin_offline.env)
+    if how == "env":
+        env["DOCKER_HOST"] = "unix:///nonexistent"
+    else:
+        args += ["--docker-host", "unix:///nonexistent"]
+    started = time.monotonic()
+    res = patcher_cli(*args, env=env)
+    assert res.exit_code == DockerUnavailableError.exit_code
+    line = _one_line_error(res.stderr)
+    assert "the Docker engine at unix:///nonexistent is not reachable" in line and "DOCKER_HOST" in line
+    assert time.monotonic() - started < 60
+    record = json.loads((work / standin_offline.build_id / "record.json").read_text())
+    assert record["completed_stages"] == []  # it failed before fetching anything
+    assert "not reachable" in (work / standin_offline.build_id / "build.log").read_text()
+    _no_temp_files(work)
+
+
+def test_no_permission_on_the_socket():
+    """As an unprivileged user (nobody), who may not open the engine's socket."""
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed"
+    # pytest's tmp dirs are private to root: this test needs a directory nobody can read.
+    root = Path(tempfile.mkdtemp(prefix="patcher-test-nobody-"))
+    try:
+        root.chmod(0o755)
+        made = make_standin(root / "standin")
+        work = root / "work"
+        work.mkdir()
+        work.chmod(0o777)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PATCHER_", "XDG_"))}
+        env.update(made.env, HOME=str(work), PATCHER_CACHE_DIR=str(work / "cache"))
+        env.pop("DOCKER_HOST", None)
+        proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                               sys.executable, "-m", "patcher", *made.build_args(work)],
+                              capture_output=True, text=True, env=env, cwd=work, timeout=300)
+        assert proc.returncode == DockerPermissionError.exit_code, proc.stderr
+        line = _one_line_error(proc.stderr)
+        assert "no permission to use the Docker engine" in line and "docker group" in line
+        _no_temp_files(work)
+    finally:
+        shutil.rmtree(root)
+
+
+# --- no network ----------------------------------------------------------------------------------------
+def test_offline_build_stops_at_the_first_unreachable_input_and_names_the_mirror(tmp_path, patcher_cli):
+    """`patcher build --torch 1.4.0 --cuda 10.1` with no network: the git fetch of github.com fails
+    fast (a proxy that refuses every connection stands for the missing network)."""
+    work = tmp_path / "work"
+    env = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9",
+           "http_proxy": "http://127.0.0.1:9", "no_proxy": "", "NO_PROXY": ""}
+    started = time.monotonic()
+    res = patcher_cli("build", "--torch", "1.4.0", "--cuda", "10.1", "--work", work, env=env, timeout=300)
+    elapsed = time.monotonic() - started
+    assert res.exit_code == UnreachableInputError.exit_code, res.stderr
+    line = _one_line_error(res.stderr)
+    assert "https://github.com/pytorch/pytorch.git" in line and "v1.4.0" in line
+    assert "--git-mirror" in line and "PATCHER_GIT_MIRROR" in line and "`mirror`" in line
+    assert elapsed < 90, f"took {elapsed:.0f} s: an unreachable input must fail fast"
+    record = json.loads((work / "torch-1.4.0-cu101.pt1-py3.7" / "record.json").read_text())
+    assert record["completed_stages"] == ["resolve"]
+    assert not (work / "torch-1.4.0-cu101.pt1-py3.7" / "source").exists()
+    _no_temp_files(work)
+
+
+# --- the image -------------------------------------------------------------------------------------------
+def test_image_build_step_failing(standin, tmp_path, patcher_cli, docker_client, no_leaks):
+    catalog = tmp_path / "catalog"
+    shutil.copytree(standin.catalog / "patches", catalog / "patches")
+    (catalog / "dockerfiles").mkdir()
+    template = (REPO_ROOT / "dockerfiles" / "builder.Dockerfile.j2").read_text()
+    lines = template.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    lines.insert(at + 1, "RUN echo 'patcher test: this step fails' && exit 7\n")
+    (catalog / "dockerfiles" / "builder.Dockerfile.j2").write_text("".join(lines))
+    env = dict(standin.env, PATCHER_CATALOG=str(catalog))
+    work = tmp_path / "work"
+    res = patcher_cli(*standin.build_args(work), env=env)
+    assert res.exit_code == ImageBuildError.exit_code, res.stderr
+    line = _one_line_error(res.stderr)
+    assert "docker build of torch-1.4.0-cpu.pt1-py3.9 failed" in line and "7" in line
+    record = json.loads((work / standin.build_id / "record.json").read_text())
+    assert record["completed_stages"][-1] == "render"
+    assert "patcher test: this step fails" in (work / standin.build_id / "build.log").read_text()
+    assert not docker_client.images.list(name=record["image_tag"])
+
+
+# --- the wheel -------------------------------------------------------------------------------------------
+def test_wheel_build_failing(standin_factory, tmp_path, patcher_cli, docker_client, no_leaks, ccache_volume_name):
+    variant = standin_factory("fails")
+    work = tmp_path / "work"
+    res = patcher_cli(*variant.build_args(work, "--ccache-volume", ccache_volume_name), env=variant.env)
+    assert res.exit_code == WheelBuildError.exit_code, res.stderr
+    line = _one_line_error(res.stderr)
+    assert line.startswith("patcher: error: wheel failed in the container (exit 1)")
+    assert "stand-in compiler failure" in line and "build.log" in line
+    build_dir = work / variant.build_id
+    assert "stand-in compiler failure" in (build_dir / "build.log").read_text()
+    record = json.loads((build_dir / "record.json").read_text())
+    assert record["completed_stages"][-1] == "configure" and "wheel" not in record
+    assert not (build_dir / "dist").exists() or not list((build_dir / "dist").iterdir())
+    assert _build_containers(docker_client, variant.build_id) == []
+    _no_temp_files(work)
+
+
+def test_disk_filling_up_in_the_container(standin_factory, tmp_path, patcher_cli, docker_client, no_leaks,
+                                          ccache_volume_name):
+    variant = standin_factory("diskfull")
+    # A 4 MiB tmpfs as the ccache volume: the build's writes run past it.
+    docker_client.volumes.create(name=ccache_volume_name, driver="local",
+                                 driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "size=4m,uid=1000,gid=1000"})
+    work = tmp_path / "work"
+    res = patcher_cli(*variant.build_args(work, "--ccache-volume", ccache_volume_name), env=variant.env)
+    assert res.exit_code == DiskFullError.exit_code, res.stderr
+    line = _one_line_error(res.stderr)
+    assert "wheel ran out of disk space in the container" in line and "No space left on device" in line
+    assert "No space left on device" in (work / variant.build_id / "build.log").read_text()
+    assert _build_containers(docker_client, variant.build_id) == []
+    _no_temp_files(work)
+
+
+def test_timeout_removes_the_container(standin, tmp_path, patcher_cli, docker_client, no_leaks, ccache_volume_name):
+    work = tmp_path / "work"
+    res = patcher_cli(*standin.build_args(work, "--until", "configure", "--ccache-volume", ccache_volume_name),
+                      env=standin.env)
+    assert res.exit_code == 0, res.stderr
+    res = patcher_cli(*standin.build_args(work, "--resume", "--timeout", "2", "--ccache-volume", ccache_volume_name),
+                      env=standin.env)
+    assert res.exit_code == BuildTimeoutError.exit_code, res.stderr
+    assert "wheel ran past 2 s and was stopped" in _one_line_error(res.stderr)
+    assert _build_containers(docker_client, standin.build_id) == []
+    record = json.loads((work / standin.build_id / "record.json").read_text())
+    assert record["completed_stages"][-1] == "configure"
+    _no_temp_files(work)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, docker_client, no_leaks,
+                                                           ccache_volume_name, signum):
+    work = tmp_path / "work"
+    env = dict(os.environ, **standin.env)
+    proc = subprocess.Popen([sys.executable, "-m", "patcher", *standin.build_args(work, "--ccache-volume",
+                                                                                 ccache_volume_name)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            running = docker_client.containers.list(filters={"label": [f"org.patcher.build-id={standin.build_id}",
+                                                                         "org.patcher.stage=wheel"]})
+            if any(c.labels.get("org.patcher.build-id") == standin.build_id for c in running):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the build ended before its wheel stage could be interrupted"
+        time.sleep(1)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == InterruptedByUser.exit_code, stderr
+    assert "interrupted" in _one_line_error(stderr)
+    assert _build_containers(docker_client, standin.build_id) == []
+    build_dir = work / standin.build_id
+    assert "==> wheel" in (build_dir / "build.log").read_text()
+    record = json.loads((build_dir / "record.json").read_text())
+    assert record["completed_stages"][-1] == "configure"
+    _no_temp_files(work)
