@@ -32,11 +32,19 @@ VERSIONS = 5
 ROUNDS = 3
 
 
+_last_cpu = [0.0]
+
+
 def _timed(fn) -> float:
+    """Wall seconds; the run's CPU seconds (user + system of this process) go to _last_cpu[0].
+
+    CPU time is reported beside wall time because the wall time of file-system work swings
+    with other users of a shared disk; both ratios come from the same runs."""
     # Flush the previous run's dirty pages first, so no run pays for another's writeback.
     os.sync()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn()
+    _last_cpu[0] = time.process_time() - cpu
     return time.perf_counter() - start
 
 
@@ -86,10 +94,12 @@ def run() -> dict:
             dumb_pypi.main(["--package-list-json", str(package_list), "--output-dir", str(out),
                             "--packages-url", "../../files/", "--no-generate-timestamp", "--no-per-release-json"])
 
-        gen_ours, gen_theirs = [], []
+        gen_ours, gen_theirs, cpu_ours, cpu_theirs = [], [], [], []
         for r in range(ROUNDS):
             gen_ours.append(_timed(lambda r=r: ours_from_list(work / f"ours-{r}")))
+            cpu_ours.append(_last_cpu[0])
             gen_theirs.append(_timed(lambda r=r: theirs_from_list(work / f"dumb-{r}")))
+            cpu_theirs.append(_last_cpu[0])
             shutil.rmtree(work / f"ours-{r}")
             shutil.rmtree(work / f"dumb-{r}")
 
@@ -100,11 +110,13 @@ def run() -> dict:
         extra.mkdir()
         from tests.fixtures.index_env import write_minimal_wheel
 
-        incremental, full = [], []
+        incremental, full, cpu_incremental, cpu_full = [], [], [], []
         for r in range(ROUNDS):
             one = write_minimal_wheel(extra, f"proj-{r * 7:04d}", f"2.{r}.0")
             incremental.append(_timed(lambda one=one: index.publish(idx, [one], require_evidence=False)))
+            cpu_incremental.append(_last_cpu[0])
             full.append(_timed(lambda: index.regenerate(idx)))
+            cpu_full.append(_last_cpu[0])
         files_in_index = sum(len(v) for v in index.read_index(idx).values())
         med = statistics.median
         return {
@@ -114,10 +126,16 @@ def run() -> dict:
             "generate_from_list_patcher_s": round(med(gen_ours), 3),
             "generate_from_list_dumb_pypi_s": round(med(gen_theirs), 3),
             "generate_ratio_dumb_pypi_over_patcher": round(med(gen_theirs) / med(gen_ours), 2),
+            "generate_cpu_patcher_s": round(med(cpu_ours), 3),
+            "generate_cpu_dumb_pypi_s": round(med(cpu_theirs), 3),
+            "generate_cpu_ratio_dumb_pypi_over_patcher": round(med(cpu_theirs) / med(cpu_ours), 2),
             "first_publish_10000_wheels_s": round(first_publish_s, 3),
             "publish_one_incremental_s": round(med(incremental), 3),
             "regenerate_full_from_wheels_s": round(med(full), 3),
             "publish_ratio_full_over_incremental": round(med(full) / med(incremental), 1),
+            "publish_one_incremental_cpu_s": round(med(cpu_incremental), 3),
+            "regenerate_full_cpu_s": round(med(cpu_full), 3),
+            "publish_cpu_ratio_full_over_incremental": round(med(cpu_full) / med(cpu_incremental), 1),
             "files_in_index_at_end": files_in_index,
             "note": "generation compares page writing from the same package list (no wheel read by "
                     "either); dumb-pypi also writes changelog pages, patcher also PEP 691 JSON",

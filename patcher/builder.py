@@ -82,6 +82,7 @@ CONTAINER_OUT = "/out"
 TOOLCHAIN_FILE = "/tmp/patcher-toolchain.txt"
 LABEL_BUILD = "org.patcher.build-id"
 LABEL_STAGE = "org.patcher.stage"
+LABEL_WORK_DIR = "org.patcher.work-dir"  # tells concurrent builds of one spec apart
 LABEL_CCACHE = "org.patcher.ccache"
 
 DEFAULT_TIMEOUT = 8 * 3600.0
@@ -974,7 +975,7 @@ class Builder:
                     state.image_id, command=["bash", "-c", script], user=BUILD_USER, environment=env,
                     working_dir=CONTAINER_SRC, network_mode="none", nano_cpus=int(min(jobs, ncpu) * 1e9),
                     volumes={volume: {"bind": CONTAINER_CCACHE, "mode": "rw"}}, init=True,
-                    labels={LABEL_BUILD: spec.build_id, LABEL_STAGE: stage},
+                    labels={LABEL_BUILD: spec.build_id, LABEL_STAGE: stage, LABEL_WORK_DIR: str(self.dir)},
                     name=f"patcher-{spec.build_id.replace('+', '_')}-{stage}-{uuid.uuid4().hex[:8]}")
                 with open(archive, "rb") as fh:
                     container.put_archive(CONTAINER_SRC, fh)

@@ -400,8 +400,9 @@ def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[s
     _write(staging / "index.html", render_root_html(projects))
     _write(staging / "index.json", render_root_json(projects))
     _write(staging / ".manifest.json", json.dumps(manifest, sort_keys=True, separators=(",", ":")))
-    for project in projects:
-        os.symlink(f"../../.projects/{project}/{manifest[project]}", staging / project)
+    where = str(staging)
+    for project in projects:  # plain strings: this loop runs once per project in the index
+        os.symlink(f"../../.projects/{project}/{manifest[project]}", f"{where}/{project}")
     os.replace(staging, layout.generations / gen)
     link = layout.root / f".simple-{gen}"
     with contextlib.suppress(FileNotFoundError):

@@ -113,3 +113,15 @@ def test_python_image_has_python_venv_and_pip(docker_client, bullseye_python_ima
     out = docker_client.containers.run(
         image.id, ["bash", "-c", "python3 -m venv /tmp/v && /tmp/v/bin/python -m pip --version"], remove=True)
     assert b"python 3.9" in out
+
+
+def test_leak_check_sees_a_left_container(docker_client, bullseye_base_image):
+    from tests.fixtures.docker_env import _docker_state, leaks_since
+
+    before = _docker_state(docker_client)
+    container = docker_client.containers.create(bullseye_base_image.tag, ["true"], name="patcher-test-leak-check")
+    try:
+        containers, _volumes = leaks_since(docker_client, before, settle_s=0)
+        assert any(c.startswith("patcher-test-leak-check (") for c in containers)
+    finally:
+        container.remove(force=True)

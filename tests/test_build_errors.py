@@ -42,8 +42,10 @@ def _no_temp_files(work: Path) -> None:
     assert not leftovers, leftovers
 
 
-def _build_containers(docker_client, build_id: str) -> list[str]:
-    return [c.name for c in docker_client.containers.list(all=True, filters={"label": f"org.patcher.build-id={build_id}"})]
+def _build_containers(docker_client, build_dir: Path) -> list[str]:
+    """Containers of the build in ``build_dir`` (other sessions may build the same spec meanwhile)."""
+    label = f"org.patcher.work-dir={build_dir.absolute()}"
+    return [c.name for c in docker_client.containers.list(all=True, filters={"label": label})]
 
 
 # --- the engine ------------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def test_wheel_build_failing(standin_factory, tmp_path, patcher_cli, docker_clie
     record = json.loads((build_dir / "record.json").read_text())
     assert record["completed_stages"][-1] == "configure" and "wheel" not in record
     assert not (build_dir / "dist").exists() or not list((build_dir / "dist").iterdir())
-    assert _build_containers(docker_client, variant.build_id) == []
+    assert _build_containers(docker_client, work / variant.build_id) == []
     _no_temp_files(work)
 
 
@@ -167,7 +169,7 @@ def test_disk_filling_up_in_the_container(standin_factory, tmp_path, patcher_cli
     line = _one_line_error(res.stderr)
     assert "wheel ran out of disk space in the container" in line and "No space left on device" in line
     assert "No space left on device" in (work / variant.build_id / "build.log").read_text()
-    assert _build_containers(docker_client, variant.build_id) == []
+    assert _build_containers(docker_client, work / variant.build_id) == []
     _no_temp_files(work)
 
 
@@ -180,7 +182,7 @@ def test_timeout_removes_the_container(standin, tmp_path, patcher_cli, docker_cl
                       env=standin.env)
     assert res.exit_code == BuildTimeoutError.exit_code, res.stderr
     assert "wheel ran past 2 s and was stopped" in _one_line_error(res.stderr)
-    assert _build_containers(docker_client, standin.build_id) == []
+    assert _build_containers(docker_client, work / standin.build_id) == []
     record = json.loads((work / standin.build_id / "record.json").read_text())
     assert record["completed_stages"][-1] == "configure"
     _no_temp_files(work)
@@ -197,9 +199,8 @@ def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, do
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
-            running = docker_client.containers.list(filters={"label": [f"org.patcher.build-id={standin.build_id}",
-                                                                         "org.patcher.stage=wheel"]})
-            if any(c.labels.get("org.patcher.build-id") == standin.build_id for c in running):
+            labels = [f"org.patcher.work-dir={(work / standin.build_id).absolute()}", "org.patcher.stage=wheel"]
+            if docker_client.containers.list(filters={"label": labels}):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the build ended before its wheel stage could be interrupted"
@@ -212,7 +213,7 @@ def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, do
             proc.wait()
     assert proc.returncode == InterruptedByUser.exit_code, stderr
     assert "interrupted" in _one_line_error(stderr)
-    assert _build_containers(docker_client, standin.build_id) == []
+    assert _build_containers(docker_client, work / standin.build_id) == []
     build_dir = work / standin.build_id
     assert "==> wheel" in (build_dir / "build.log").read_text()
     record = json.loads((build_dir / "record.json").read_text())

@@ -165,9 +165,11 @@ def test_standin_builds_to_a_wheel_from_the_mirror_alone(tmp_path, docker_client
         wheel = work / standin.build_id / record["wheel"]["path"]
         assert wheel.name == "torch-1.4.0+cpu.pt1-cp39-cp39-linux_x86_64.whl" and wheel.is_file()
         assert record["source"]["commit"] == commit
-        assert record["source"]["fetched_from"] == f"{mirror}/git/pytorch/pytorch.git"
-        nested = record["source"]["submodules"]
-        assert any(s["commit"] == nested_commit and s["path"] == "third_party/dep/nested" for s in nested), nested
+        assert record["source"]["submodules"][1] == {"path": "third_party/dep/nested", "url": "../nested.git",
+                                                     "commit": nested_commit}
+        assert record["inputs"][0]["sha256"] == extra_sha
+        log = (work / standin.build_id / "build.log").read_text()
+        assert f"from {mirror}/git/pytorch/pytorch.git" in log and f"from {mirror}/files/{extra_sha}" in log
         dockerfile = (work / standin.build_id / "image" / "Dockerfile").read_text()
         assert f"FROM {site_registry.url}/patcher-test/debian:bullseye-minbase@{digest}" in dockerfile
     finally:

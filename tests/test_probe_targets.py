@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.common import run_patcher
+from tests.fixtures.torch_env import write_wheel
 
 NO_CUDA = "needs CUDA; this torch is built without CUDA"
 QUICK = "env,security.cve_2025_2953"  # the fingerprint, and one isolated check (a child process)
@@ -87,20 +88,22 @@ def test_wheel_in_a_fresh_container(bullseye_torch_wheel, bullseye_torch_image, 
     result = run_patcher("probe", "--wheel", bullseye_torch_wheel.wheel, "--image", bullseye_torch_image.tag,
                          "--wheelhouse", bullseye_torch_wheel.wheelhouse, "--only", "env", "--json", out,
                          timeout=900)
-    report = load(out)
     assert result.exit_code == 0, result.stderr
+    report = load(out)
     torch_info = report["environment"]["torch"]
     assert torch_info["version"] == bullseye_torch_wheel.torch_version
     assert torch_info["path"].startswith("/tmp/patcher-probe/venv/lib/python3.9/site-packages/torch")
 
 
 @pytest.mark.docker
-def test_wheel_for_another_python_in_a_container(debian_torch_wheel, bullseye_python_image, no_probe_containers):
-    result = run_patcher("probe", "--wheel", debian_torch_wheel.wheel, "--image", bullseye_python_image.tag,
-                         "--wheelhouse", debian_torch_wheel.wheelhouse, timeout=900)
+def test_wheel_for_another_python_in_a_container(bullseye_python_image, tmp_path, no_probe_containers):
+    # a real (small) wheel built for CPython 3.11, offered to the image's Python 3.9
+    wheel = write_wheel(tmp_path, "wrongtag", "1.0", "cp311-cp311-linux_x86_64", {"wrongtag.py": b"X = 1\n"})
+    result = run_patcher("probe", "--wheel", wheel, "--image", bullseye_python_image.tag, timeout=900)
     assert result.exit_code == 54, result.stderr
-    assert result.stderr.startswith(f"patcher: error: pip could not install {debian_torch_wheel.wheel.name} "
+    assert result.stderr.startswith(f"patcher: error: pip could not install {wheel.name} "
                                     f"offline in image {bullseye_python_image.tag}: ")
+    assert "is not a supported wheel on this platform" in result.stderr
     assert result.stderr.count("\n") == 1
 
 

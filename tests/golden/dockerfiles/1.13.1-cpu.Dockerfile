@@ -35,6 +35,7 @@ RUN apt-get update \
       libpsimd-dev \
       libpthreadpool-dev \
       libsleef-dev \
+      libxnnpack-dev \
       libzstd-dev \
       make \
       ninja-build \

@@ -1,0 +1,783 @@
+"""Compile-check stage: compile every translation unit a patch series touches, in the builder
+toolchain, with the flags of the real build -- minutes instead of a full build.
+
+How one check runs (``patcher check --compile``):
+
+1. The series of the torch version is parsed; the files it touches that are translation units
+   (``.c .cc .cpp .cxx .cu``) are what gets compiled.  Headers and Python files are listed as
+   not compiled (a header is compiled through the units that include it).
+2. The patched tree: ``--source`` (a tree that holds the whole series), the ``source/`` of a
+   build work directory (``patcher build --until configure``), or fetched and patched into the
+   check's own work directory.
+3. One container of the builder image (the CPU builder of that release; for CUDA, an image
+   derived from it with Debian's ``nvidia-cuda-toolkit``, rendered from
+   ``dockerfiles/compile-check-cuda.Dockerfile.j2``, built once and reused by its label) gets the
+   tree and the pinned inputs exactly as the build stage copies them, with the build's own
+   environment, no network, and ccache off (a cache hit would fake the timing).
+4. Configure: PyTorch's ``setup.py build --cmake-only`` (the build's configure stage), with
+   ``CMAKE_EXPORT_COMPILE_COMMANDS=ON``: ``build/compile_commands.json`` holds the exact command
+   of every compile step of the real build.
+5. Code generation: for each object to compile, ninja is asked for its order-only prerequisites
+   (``ninja -t query``) and builds those: ATen's torchgen output, the autograd sources, the
+   protobuf headers -- what the sources need before they compile, nothing else.
+6. C/C++ units compile with their command from compile_commands.json, ``jobs`` at a time.
+7. ``.cu`` units: the CPU configure has no CUDA compile steps, so their command is derived (see
+   :func:`nvcc_command`): the include paths and definitions of a CPU unit of the same library
+   (torch_cpu), plus what 1.13.1's CMake adds for CUDA sources (``cmake/public/cuda.cmake``,
+   ``cmake/Dependencies.cmake``): ``-DUSE_CUDA``, the half/bfloat16 guards, ``--expt-relaxed-constexpr``,
+   ``--expt-extended-lambda``, ``-Xcudafe --diag_suppress=...``, ``-std=c++14``, the spec's
+   ``TORCH_NVCC_FLAGS`` and one ``-gencode`` per entry of the spec's arch list that the
+   installed nvcc can emit (the rest is reported as dropped).  The two headers a CUDA configure
+   writes (``ATen/cuda/CUDAConfig.h``, ``c10/cuda/impl/cuda_cmake_macros.h``) are written from
+   their ``.in`` templates into the build directory, where a CUDA configure puts them.  Why not a
+   CUDA configure: it needs the whole CUDA dependency set of the real build (cuDNN, NCCL,
+   NVIDIA's toolkit layout) that Debian's split toolkit does not provide, and the flags that
+   decide whether a patched kernel compiles are the ones above.
+8. The container is removed whatever happens.  The report lists each unit with pass or fail,
+   the compiler's first error line, its output and its time, and an estimate of the full
+   build: the mean seconds per unit measured here times the number of compile steps of the
+   real build (``build.ninja`` for C/C++, the tree's ``.cu`` files for CUDA), divided by the
+   number of units compiled at once.
+
+Exit codes: 0 when every unit compiles; CompileCheckFailedError (90) when one does not;
+CompileCheckSetupError (91) when the check itself cannot run (image, configure, codegen, tree).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import posixpath
+import re
+import shlex
+import tarfile
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jinja2
+
+from patcher.config import Settings
+from patcher.errors import (
+    CompileCheckFailedError,
+    CompileCheckSetupError,
+    ImageBuildError,
+    TemplateError,
+)
+from patcher.spec import CPU, BuildSpec, parse_arch_list, resolve
+
+TU_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu")
+CUDA_SUFFIXES = (".cu",)
+CUDA_TEMPLATE = "compile-check-cuda.Dockerfile.j2"
+CUDA_IMAGE_REPO = "patcher-compile-check"
+LABEL_KEY = "org.patcher.compile-check-key"
+LABEL_CHECK = "org.patcher.compile-check"
+CONTAINER_SRC = "/src"
+BUILD_DIR = "/src/build"
+DEFAULT_TIMEOUT = 3600.0
+
+# Debian's CUDA compiler per builder base (suite -> packages, nvcc version, newest compute
+# capability it can emit).  bullseye non-free: 11.2.2 (FACTS.md), which accepts gcc <= 10.
+DEBIAN_CUDA = {
+    "bullseye": {"packages": ("nvidia-cuda-toolkit",), "nvcc": "11.2", "max_compute": "8.6"},
+    "bookworm": {"packages": ("nvidia-cuda-toolkit",), "nvcc": "11.8", "max_compute": "9.0"},
+}
+
+# What 1.13.1's CMake adds to CUDA compiles (cmake/public/cuda.cmake, cmake/Dependencies.cmake).
+NVCC_DIAG_SUPPRESS = ("cc_clobber_ignored", "integer_sign_change", "useless_using_declaration",
+                      "set_but_not_used", "field_without_dll_interface",
+                      "base_class_has_different_dll_interface", "dll_interface_conflict_none_assumed",
+                      "dll_interface_conflict_dllexport_assumed", "implicit_return_from_non_void_function",
+                      "unsigned_compare_with_zero", "declared_but_not_referenced", "bad_friend_decl")
+NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS",
+                    "-DCUDA_HAS_FP16=1", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                    "-D__CUDA_NO_HALF2_OPERATORS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                    "-Wno-deprecated-gpu-targets", "--expt-extended-lambda", "--expt-relaxed-constexpr",
+                    "-Xcudafe", "--diag_suppress=" + ",".join(NVCC_DIAG_SUPPRESS),
+                    "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-std=c++14")
+# Definitions of the CPU library that must not leak into a CUDA unit of another library.
+CPU_ONLY_DEFINES = ("-Dtorch_cpu_EXPORTS", "-DCAFFE2_BUILD_MAIN_LIB")
+# The headers a CUDA configure writes from templates (template -> place in the build dir).
+CUDA_CONFIGURED_HEADERS = {
+    "aten/src/ATen/cuda/CUDAConfig.h.in": "aten/src/ATen/cuda/CUDAConfig.h",
+    "c10/cuda/impl/cuda_cmake_macros.h.in": "c10/cuda/impl/cuda_cmake_macros.h",
+}
+# Directories whose .cu files a CUDA build of torch does not compile (caffe2 is off, tests are off).
+CU_EXCLUDED_PREFIXES = ("caffe2/", "test/", "third_party/", "benchmarks/", "modules/", "binaries/",
+                        "android/", "ios/", "torch/csrc/deploy/")
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ERROR_LINE_RE = re.compile(r"(\berror\b|fatal error)", re.I)
+COMPILE_EDGE_RE = re.compile(r"^build [^:]+\.o: (C|CXX)_COMPILER__", re.M)
+
+
+# --- the report --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompileCheckOptions:
+    torch: str
+    cuda: str | None = None  # None: the release's default CUDA (its arch list); "none": C/C++ only
+    arch: str | None = None  # overrides the spec's arch list for the .cu units
+    source: Path | None = None  # a patched tree
+    work: Path | None = None  # a build work dir (source/ reused) or the check's own work dir
+    image: str | None = None  # a builder image to use instead of rendering and building one
+    patch_ids: tuple[str, ...] = ()  # only the units these patches touch
+    jobs: int | None = None  # units compiled at once (None: the engine's CPU count)
+    timeout: float = DEFAULT_TIMEOUT  # per container command, seconds
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    path: str
+    language: str  # "c++" or "cuda"
+    patches: tuple[str, ...]
+    status: str  # "pass", "fail" or "not-built" (the configuration does not compile it)
+    seconds: float
+    compiler: str
+    flags_from: str  # "compile_commands.json" or "derived from <unit>"
+    message: str = ""  # the compiler's first error line (fail), or why not built
+    output: str = ""  # the compiler's output (warnings included), trimmed
+    command: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuildEstimate:
+    compile_steps_cpp: int
+    compile_steps_cuda: int
+    mean_seconds_cpp: float | None
+    mean_seconds_cuda: float | None
+    jobs: int
+    estimated_seconds: float | None
+    method: str
+
+
+@dataclass(frozen=True)
+class CompileCheckReport:
+    torch: str
+    build_id: str
+    cuda: str
+    image: str
+    cuda_image: str | None
+    compilers: dict[str, str]
+    gencode: tuple[str, ...]
+    arch_dropped: tuple[str, ...]
+    tree: str
+    head: str
+    series: tuple[str, ...]
+    units: tuple[UnitResult, ...]
+    not_compiled: tuple[dict[str, str], ...]
+    durations: dict[str, float]
+    estimate: BuildEstimate
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(u.status != "fail" for u in self.units)
+
+    @property
+    def failed(self) -> list[UnitResult]:
+        return [u for u in self.units if u.status == "fail"]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["passed"] = self.passed
+        return data
+
+
+@dataclass(frozen=True)
+class TranslationUnit:
+    path: str
+    patches: tuple[str, ...]
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.path.endswith(CUDA_SUFFIXES)
+
+
+# --- pure logic --------------------------------------------------------------------------------------
+def units_of_series(series, patch_ids: tuple[str, ...] = ()) -> tuple[list[TranslationUnit], list[dict[str, str]]]:
+    """The translation units a series touches (in series order) and the other files it touches."""
+    wanted = set(patch_ids)
+    unknown = wanted - set(series.ids)
+    if unknown:
+        raise CompileCheckSetupError(f"no patch {', '.join(sorted(unknown))} in the series of torch {series.version}",
+                                     hint="`patcher patches list --torch " + series.version + "` shows them")
+    touched: dict[str, list[str]] = {}
+    deleted: set[str] = set()
+    for patch in series.patches:
+        if wanted and patch.id not in wanted:
+            continue
+        for change in patch.changes:
+            if change.new_path is None:
+                deleted.add(change.old_path)
+                touched.setdefault(change.old_path, []).append(patch.id)
+                continue
+            deleted.discard(change.new_path)
+            touched.setdefault(change.new_path, []).append(patch.id)
+    units, others = [], []
+    for path, ids in touched.items():
+        ids_t = tuple(dict.fromkeys(ids))
+        if path in deleted:
+            others.append({"path": path, "patches": ",".join(ids_t), "reason": "deleted by the series"})
+        elif path.endswith(TU_SUFFIXES):
+            units.append(TranslationUnit(path, ids_t))
+        else:
+            kind = "header" if path.endswith((".h", ".hpp", ".cuh", ".inl")) else "not a translation unit"
+            others.append({"path": path, "patches": ",".join(ids_t), "reason": kind})
+    return units, others
+
+
+def compile_entries(data: list[dict[str, Any]], root: str = CONTAINER_SRC) -> dict[str, dict[str, Any]]:
+    """compile_commands.json entries keyed by the file's path relative to the tree."""
+    out: dict[str, dict[str, Any]] = {}
+    prefix = root.rstrip("/") + "/"
+    for entry in data:
+        file = entry["file"]
+        if not posixpath.isabs(file):
+            file = posixpath.normpath(posixpath.join(entry["directory"], file))
+        if file.startswith(prefix):
+            out.setdefault(file[len(prefix):], entry)
+    return out
+
+
+def entry_argv(entry: dict[str, Any]) -> list[str]:
+    return list(entry["arguments"]) if entry.get("arguments") else shlex.split(entry["command"])
+
+
+def entry_output(entry: dict[str, Any]) -> str | None:
+    if entry.get("output"):
+        return entry["output"]
+    argv = entry_argv(entry)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-o":
+            return argv[i + 1]
+    return None
+
+
+def count_compile_steps(build_ninja: str) -> int:
+    """The C/C++ compile steps of a CMake-generated build.ninja."""
+    return len(COMPILE_EDGE_RE.findall(build_ninja))
+
+
+def order_only_inputs(query_output: str) -> list[str]:
+    """The order-only prerequisites in ``ninja -t query TARGET`` output (the ``|| X`` lines)."""
+    return [line.strip()[3:].strip() for line in query_output.splitlines() if line.strip().startswith("|| ")]
+
+
+def gencode_flags(arch_list: str, max_compute: str) -> tuple[list[str], list[str]]:
+    """-gencode flags for the arch list entries nvcc can emit, and the entries dropped."""
+    def key(cc: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in cc.split("."))
+
+    flags, dropped = [], []
+    for cc, ptx in parse_arch_list(arch_list):
+        if key(cc) > key(max_compute):
+            dropped.append(cc + ("+PTX" if ptx else ""))
+            continue
+        num = cc.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags, dropped
+
+
+def host_flags(argv: list[str], directory: str) -> list[str]:
+    """Include paths and definitions of a compile command, paths made absolute."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-I", "-isystem", "-D"):
+            value = next(args, None)
+            if value is None:
+                break
+            arg = arg + value if arg != "-isystem" else arg
+            if arg == "-isystem":
+                out += ["-isystem", _absolute(value, directory)]
+                continue
+        if arg.startswith("-I"):
+            out.append("-I" + _absolute(arg[2:], directory))
+        elif arg.startswith("-D") and arg not in CPU_ONLY_DEFINES:
+            out.append(arg)
+    return out
+
+
+def _absolute(path: str, directory: str) -> str:
+    return path if posixpath.isabs(path) else posixpath.normpath(posixpath.join(directory, path))
+
+
+def nvcc_command(unit: str, reference: dict[str, Any], gencode: list[str], host_compiler: str,
+                 nvcc_flags: str | None, output: str) -> list[str]:
+    """The nvcc command for a .cu unit, derived from a CPU unit's command (module docstring, 7)."""
+    directory = reference["directory"]
+    extra = shlex.split(nvcc_flags) if nvcc_flags else []
+    return ["nvcc", "-ccbin", host_compiler, *host_flags(entry_argv(reference), directory),
+            *NVCC_FIXED_FLAGS, *extra, *gencode, "-x", "cu", "-c", f"{CONTAINER_SRC}/{unit}", "-o", output]
+
+
+def configure_file(template: str, values: dict[str, str], defined: set[str]) -> str:
+    """CMake's configure_file for the two CUDA headers: @VAR@ and #cmakedefine."""
+    def cmakedefine(m: re.Match) -> str:
+        name = m.group(1)
+        return f"#define {name}{m.group(2) or ''}" if name in defined else f"/* #undef {name} */"
+
+    text = re.sub(r"^#cmakedefine\s+(\w+)(.*)$", cmakedefine, template, flags=re.M)
+    return re.sub(r"@(\w+)@", lambda m: values.get(m.group(1), ""), text)
+
+
+def first_error(output: str) -> str:
+    """The compiler's first error line (gcc ``file:l:c: error:``, nvcc ``file(l): error:``)."""
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    for line in lines:
+        if ERROR_LINE_RE.search(line) and not line.lstrip().startswith(("In file included", "from ")):
+            return line.strip()[:500]
+    return (lines[-1].strip() if lines else "the compiler failed without output")[:500]
+
+
+def trim(text: str, limit: int = 6000) -> str:
+    text = ANSI_RE.sub("", text)
+    return text if len(text) <= limit else text[:limit // 2] + "\n[...]\n" + text[-limit // 2:]
+
+
+def cuda_sources(paths: list[str]) -> int:
+    """.cu files of the tree that a CUDA build of torch compiles (an estimate: see the docstring)."""
+    return sum(1 for p in paths if p.endswith(".cu") and not p.startswith(CU_EXCLUDED_PREFIXES))
+
+
+def estimate_full_build(units: list[UnitResult], cpp_steps: int, cuda_steps: int, jobs: int) -> BuildEstimate:
+    def mean(values: list[float]) -> float | None:
+        return round(sum(values) / len(values), 2) if values else None
+
+    cpp = mean([u.seconds for u in units if u.status == "pass" and u.language == "c++"])
+    cu = mean([u.seconds for u in units if u.status == "pass" and u.language == "cuda"])
+    total = None
+    if cpp is not None:
+        total = cpp * cpp_steps + (cu * cuda_steps if cu is not None else 0.0)
+        total = round(total / max(jobs, 1), 1)
+    method = (f"mean wall seconds per unit compiled here ({jobs} at a time) x compile steps of the real "
+              f"build ({cpp_steps} C/C++ steps in build.ninja"
+              + (f", {cuda_steps} .cu files of the tree a CUDA build compiles" if cu is not None else
+                 ", CUDA steps not counted") + f") / {jobs} at a time; the units a patch touches are "
+              "mostly ATen and JIT sources, heavier than the average step, so this estimate is high")
+    return BuildEstimate(cpp_steps, cuda_steps if cu is not None else 0, cpp, cu, jobs, total, method)
+
+
+# --- the CUDA image ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RenderedCudaImage:
+    text: str
+    key: str
+    tag: str
+    labels: dict[str, str]
+
+
+def render_cuda_image(spec: BuildSpec, builder_ref: str, settings: Settings, cuda_spec: BuildSpec | None = None,
+                      ) -> RenderedCudaImage:
+    """The compile-check image: ``builder_ref`` (an image ID pins it) plus Debian's nvcc."""
+    debian = DEBIAN_CUDA.get(spec.image.codename)
+    if debian is None:
+        raise CompileCheckSetupError(
+            f"no Debian CUDA compiler is known for base {spec.image.codename} of {spec.build_id}",
+            hint="compile-check knows " + ", ".join(sorted(DEBIAN_CUDA)) + "; use --cuda none for C/C++ only")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(settings.dockerfiles_dir)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    labels = {LABEL_CHECK: spec.build_id, "org.patcher.compile-check.builder": builder_ref,
+              "org.patcher.compile-check.nvcc": debian["nvcc"]}
+    values = {
+        "build_id": spec.build_id, "builder_ref": builder_ref, "codename": spec.image.codename,
+        "nvcc_version": debian["nvcc"], "cuda_full": (cuda_spec.cuda_full if cuda_spec else None) or "none",
+        "apt_packages": list(debian["packages"]), "uid": 1000,
+        "labels": {k: json.dumps(v) for k, v in labels.items()},
+    }
+    try:
+        text = env.get_template(CUDA_TEMPLATE).render(**values)
+    except jinja2.TemplateNotFound:
+        raise TemplateError(f"template {settings.dockerfiles_dir / CUDA_TEMPLATE} does not exist",
+                            hint="check --catalog / PATCHER_CATALOG") from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(f"template {CUDA_TEMPLATE}: {exc.message}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"template {exc.filename or CUDA_TEMPLATE}:{exc.lineno}: {exc.message}") from None
+    key = hashlib.sha256(text.encode()).hexdigest()
+    return RenderedCudaImage(text=text, key=key, tag=f"{CUDA_IMAGE_REPO}:{key[:16]}",
+                             labels={**labels, LABEL_KEY: key})
+
+
+def ensure_cuda_image(client, rendered: RenderedCudaImage, on_log: Callable[[str], None] | None = None) -> tuple[str, bool]:
+    """The image ID, built when no image carries the rendered key; (id, built)."""
+    import docker
+
+    from patcher.dockerfile import RenderedDockerfile, build_image
+
+    try:
+        image = client.images.get(rendered.tag)
+        if (image.labels or {}).get(LABEL_KEY) == rendered.key:
+            return image.id, False
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        raise CompileCheckSetupError(f"cannot inspect image {rendered.tag}: {exc.explanation or exc}") from None
+    as_dockerfile = RenderedDockerfile(text=rendered.text, sha256=rendered.key, image_tag=rendered.tag,
+                                       build_id=rendered.labels[LABEL_CHECK], labels=rendered.labels)
+    try:
+        return build_image(client.api, as_dockerfile, on_log=on_log), True
+    except ImageBuildError as exc:
+        raise CompileCheckSetupError(f"the compile-check CUDA image: {exc.message}",
+                                     hint="the builder base needs contrib/non-free in its Debian archive") from None
+
+
+# --- the check ---------------------------------------------------------------------------------------
+class _Container:
+    """One container of the check: exec with timing, always removed."""
+
+    def __init__(self, client, image: str, env: dict[str, str], name: str, labels: dict[str, str],
+                 timeout: float):
+        self.client, self.timeout = client, timeout
+        self.env = env
+        self.container = client.containers.create(
+            image, command=["sleep", "infinity"], user="builder", environment=env, working_dir=CONTAINER_SRC,
+            network_mode="none", init=True, labels=labels, name=name)
+
+    def put(self, path: str, data) -> None:
+        self.container.put_archive(path, data)
+
+    def start(self) -> None:
+        self.container.start()
+
+    def run(self, argv: list[str], workdir: str = CONTAINER_SRC, env: dict[str, str] | None = None,
+            timeout: float | None = None) -> tuple[int, str, float]:
+        """Run argv (under ``timeout``, killed past it); (exit code, output, seconds)."""
+        limit = int(timeout or self.timeout)
+        wrapped = ["timeout", "--kill-after=10", str(limit), *argv]
+        started = time.monotonic()
+        result = self.container.exec_run(wrapped, workdir=workdir, environment=env or {}, demux=False)
+        seconds = time.monotonic() - started
+        output = (result.output or b"").decode("utf-8", "replace")
+        return result.exit_code, output, seconds
+
+    def read(self, path: str) -> bytes:
+        stream, _ = self.container.get_archive(path)
+        buf = io.BytesIO(b"".join(stream))
+        with tarfile.open(fileobj=buf) as tar:
+            member = tar.next()
+            data = tar.extractfile(member) if member else None
+            return data.read() if data else b""
+
+    def remove(self) -> None:
+        import docker
+
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def _last_meaningful(output: str) -> str:
+    lines = [ANSI_RE.sub("", ln).strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
+    return (errors[0] if errors else (lines[-1] if lines else "no output"))[:300]
+
+
+class CompileCheck:
+    def __init__(self, settings: Settings, options: CompileCheckOptions,
+                 on_log: Callable[[str], None] | None = None):
+        self.settings, self.options = settings, options
+        self.log = on_log or (lambda _text: None)
+        self.notes: list[str] = []
+        self.durations: dict[str, float] = {}
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def _specs(self) -> tuple[BuildSpec, BuildSpec | None]:
+        opts = self.options
+        spec = resolve(self.settings, opts.torch, cuda=CPU)
+        wanted = opts.cuda
+        if wanted is not None and wanted.lower() in ("none", "cpu"):
+            if opts.arch:
+                raise CompileCheckSetupError("--arch needs a CUDA check", hint="drop --arch or give --cuda")
+            return spec, None
+        cuda_spec = resolve(self.settings, opts.torch, cuda=wanted, arch=opts.arch)
+        return spec, (None if cuda_spec.is_cpu else cuda_spec)
+
+    def _tree(self, spec: BuildSpec, series) -> Path:
+        from patcher import patches as patches_mod
+        from patcher import source as source_mod
+        from patcher.errors import PatcherError
+
+        opts = self.options
+        if opts.source is not None:
+            tree = Path(opts.source).absolute()
+            if not tree.is_dir():
+                raise CompileCheckSetupError(f"source tree {tree} does not exist",
+                                             hint="give --source a tree `patcher patches apply` patched")
+        else:
+            work = Path(opts.work) if opts.work else Path(self.settings.work_dir) / f"compile-check-{spec.build_id}"
+            tree = (work / "source").absolute()
+            if not tree.exists():
+                self.log(f"fetching {spec.tag} into {tree}\n")
+                started = time.monotonic()
+                source_mod.fetch(spec, self.settings, tree)
+                patched = patches_mod.apply_series(series, tree)
+                self.durations["fetch_and_patch"] = round(time.monotonic() - started, 1)
+                self.log(f"applied {len(patched.patches)} patch(es): {', '.join(series.ids)}\n")
+                return tree
+        try:
+            check = patches_mod.check_series(series, tree)
+        except PatcherError as exc:
+            raise CompileCheckSetupError(f"cannot tell whether {tree} holds the series of torch {series.version}: "
+                                         f"{exc}", hint="give a clean tree that `patcher patches apply` patched") from None
+        if not check.already_applied:
+            raise CompileCheckSetupError(f"{tree} does not hold the series of torch {series.version} "
+                                         f"({len(series.patches)} patches): it applies, so it is not applied yet",
+                                         hint=f"run `patcher patches apply --torch {series.version} --source {tree}` first")
+        return tree
+
+    def _builder_image(self, client, spec: BuildSpec) -> str:
+        import docker
+
+        from patcher import dockerfile
+
+        if self.options.image:
+            try:
+                return client.images.get(self.options.image).id
+            except docker.errors.ImageNotFound:
+                raise CompileCheckSetupError(f"image {self.options.image} does not exist",
+                                             hint="build it, or leave out --image to render and build the builder") from None
+        work = Path(self.options.work) if self.options.work else None
+        record = work / "record.json" if work else None
+        if record is not None and record.is_file():
+            image_id = json.loads(record.read_text(encoding="utf-8")).get("image_id")
+            if image_id:
+                try:
+                    return client.images.get(image_id).id
+                except docker.errors.ImageNotFound:
+                    pass
+        rendered = dockerfile.render(spec, self.settings)
+        try:
+            return client.images.get(rendered.image_tag).id
+        except docker.errors.ImageNotFound:
+            pass
+        self.log(f"building the builder image {rendered.image_tag}\n")
+        started = time.monotonic()
+        try:
+            image_id = dockerfile.build_image(client.api, rendered, on_log=self.log)
+        except ImageBuildError as exc:
+            raise CompileCheckSetupError(f"the builder image: {exc.message}") from None
+        self.durations["builder_image"] = round(time.monotonic() - started, 1)
+        return image_id
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> CompileCheckReport:
+        from patcher import builder
+        from patcher import patches as patches_mod
+        from patcher.source import run_git, tracked_files
+
+        started = time.monotonic()
+        spec, cuda_spec = self._specs()
+        series = patches_mod.load_series(self.settings.patches_dir, self.options.torch)
+        units, others = units_of_series(series, self.options.patch_ids)
+        if not cuda_spec:
+            for u in [u for u in units if u.is_cuda]:
+                others.append({"path": u.path, "patches": ",".join(u.patches), "reason": "CUDA unit, --cuda none"})
+            units = [u for u in units if not u.is_cuda]
+        tree = self._tree(spec, series)
+        head = run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
+        tree_paths = [p for _m, _o, p in tracked_files(tree)]
+
+        client = builder.docker_client(self.settings.docker_host)
+        image = self._builder_image(client, spec)
+        cuda_image = None
+        if cuda_spec and any(u.is_cuda for u in units):
+            rendered = render_cuda_image(spec, image, self.settings, cuda_spec)
+            t = time.monotonic()
+            cuda_image, built = ensure_cuda_image(client, rendered, on_log=self.log)
+            if built:
+                self.durations["cuda_image"] = round(time.monotonic() - t, 1)
+        jobs = self.options.jobs or int(client.info().get("NCPU") or 1)
+        inputs = [(a.dest, builder.input_content(a, builder.fetch_input(a, self.settings)))
+                  for a in spec.inputs if a.dest]
+
+        env = builder.container_environment(spec, jobs, 0)
+        env.update({"CCACHE_DISABLE": "1", "CMAKE_EXPORT_COMPILE_COMMANDS": "ON"})
+        name = f"patcher-compile-check-{spec.torch}-{uuid.uuid4().hex[:8]}"
+        labels = {LABEL_CHECK: spec.build_id}
+        container = None
+        with tempfile.TemporaryDirectory(prefix="patcher-compile-check-") as tmp:
+            archive = Path(tmp) / "source.tar"
+            builder.source_archive(tree, inputs, 0, archive)
+            try:
+                try:
+                    container = _Container(client, cuda_image or image, env, name, labels, self.options.timeout)
+                    with open(archive, "rb") as fh:
+                        container.put(CONTAINER_SRC, fh)
+                    archive.unlink()
+                    container.start()
+                except Exception as exc:  # noqa: BLE001 - any engine failure is a setup failure
+                    raise CompileCheckSetupError(f"cannot start the compile-check container: "
+                                                 f"{getattr(exc, 'explanation', None) or exc}") from None
+                return self._in_container(container, spec, cuda_spec, units, others, tree, head, series,
+                                          tree_paths, image, cuda_image, jobs, started)
+            finally:
+                if container is not None:
+                    container.remove()
+
+    def _step(self, container: _Container, name: str, argv: list[str], workdir: str = CONTAINER_SRC) -> str:
+        self.log(f"{name} ...\n")
+        code, output, seconds = container.run(argv, workdir=workdir)
+        self.durations[name] = round(seconds, 1)
+        if code != 0:
+            what = "ran past its time limit" if code in (124, 137) else f"failed (exit {code})"
+            raise CompileCheckSetupError(f"{name} {what}: {_last_meaningful(output)}",
+                                         hint="the unpatched tree must configure in the builder image; "
+                                              "see `patcher build --until configure`")
+        self.log(f"{name}: {seconds:.0f} s\n")
+        return output
+
+    def _in_container(self, container: _Container, spec, cuda_spec, units, others, tree, head, series,
+                      tree_paths, image, cuda_image, jobs, started) -> CompileCheckReport:
+        self._step(container, "configure", ["bash", "-c", '"${PATCHER_PYTHON:-python3}" setup.py build --cmake-only'])
+        entries = compile_entries(json.loads(container.read(f"{BUILD_DIR}/compile_commands.json")))
+        cpp_steps = count_compile_steps(container.read(f"{BUILD_DIR}/build.ninja").decode("utf-8", "replace"))
+
+        compilers = {"c++": self._version(container, ["bash", "-c", '"${CXX:-g++}" --version | head -n 1'])}
+        plans: list[tuple[TranslationUnit, list[str], str, str] | UnitResult] = []
+        reference = None
+        gencode: list[str] = []
+        dropped: list[str] = []
+        if any(u.is_cuda for u in units):
+            reference = self._reference_entry(entries)
+            debian = DEBIAN_CUDA[spec.image.codename]
+            gencode, dropped = gencode_flags(cuda_spec.arch_list or "", debian["max_compute"])
+            if dropped:
+                self.notes.append(f"arch list entries {', '.join(dropped)} dropped: nvcc {debian['nvcc']} "
+                                  f"emits compute capabilities up to {debian['max_compute']}")
+            if not gencode:
+                raise CompileCheckSetupError(f"no entry of the arch list {cuda_spec.arch_list!r} can be compiled "
+                                             f"by nvcc {debian['nvcc']}", hint="give --arch with older entries")
+            compilers["nvcc"] = self._version(container, ["bash", "-c", "nvcc --version | tail -n 1"])
+            self._write_cuda_headers(container, tree, gencode)
+        host = f"g++-{spec.gcc}"
+        order_only: list[str] = []
+        for unit in units:
+            if unit.is_cuda:
+                obj = f"{BUILD_DIR}/compile-check-cuda/{unit.path}.o"
+                argv = nvcc_command(unit.path, reference, gencode, host, cuda_spec.nvcc_flags, obj)
+                plans.append((unit, argv, BUILD_DIR, f"derived from {self._rel(reference)}"))
+                order_only += self._prerequisites(container, entry_output(reference))
+                continue
+            entry = entries.get(unit.path)
+            if entry is None:
+                plans.append(UnitResult(unit.path, "c++", unit.patches, "not-built", 0.0, compilers["c++"], "-",
+                                        message="not compiled by this build's configuration"))
+                continue
+            plans.append((unit, entry_argv(entry), entry["directory"], "compile_commands.json"))
+            order_only += self._prerequisites(container, entry_output(entry))
+        targets = list(dict.fromkeys(order_only))
+        if targets:
+            self._step(container, "codegen", ["ninja", "-j", str(jobs), *targets], workdir=BUILD_DIR)
+        else:
+            self.durations["codegen"] = 0.0
+
+        compile_started = time.monotonic()
+        todo = [p for p in plans if not isinstance(p, UnitResult)]
+
+        def compile_one(plan) -> UnitResult:
+            unit, argv, workdir, flags_from = plan
+            if unit.is_cuda:
+                container.run(["mkdir", "-p", posixpath.dirname(argv[-1])])
+            self.log(f"compiling {unit.path}\n")
+            code, output, seconds = container.run(argv, workdir=workdir)
+            status = "pass" if code == 0 else "fail"
+            message = "" if code == 0 else (
+                "the compiler ran past its time limit" if code in (124, 137) else first_error(ANSI_RE.sub("", output)))
+            compiler = compilers["nvcc"] if unit.is_cuda else compilers["c++"]
+            self.log(f"{status} {unit.path} ({seconds:.0f} s)\n")
+            return UnitResult(unit.path, "cuda" if unit.is_cuda else "c++", unit.patches, status, round(seconds, 1),
+                              compiler, flags_from, message, trim(output), tuple(argv))
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            compiled = iter(list(pool.map(compile_one, todo)))
+        results = [next(compiled) if not isinstance(p, UnitResult) else p for p in plans]
+        self.durations["compile"] = round(time.monotonic() - compile_started, 1)
+        self.durations["total"] = round(time.monotonic() - started, 1)
+        estimate = estimate_full_build(results, cpp_steps, cuda_sources(tree_paths), jobs)
+        return CompileCheckReport(
+            torch=spec.torch, build_id=spec.build_id, cuda=cuda_spec.cuda if cuda_spec else CPU, image=image,
+            cuda_image=cuda_image, compilers=compilers, gencode=tuple(gencode), arch_dropped=tuple(dropped),
+            tree=str(tree), head=head, series=tuple(series.ids), units=tuple(results),
+            not_compiled=tuple(others), durations=dict(self.durations), estimate=estimate, notes=tuple(self.notes))
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _rel(entry: dict[str, Any]) -> str:
+        file = entry["file"]
+        return file[len(CONTAINER_SRC) + 1:] if file.startswith(CONTAINER_SRC + "/") else file
+
+    @staticmethod
+    def _reference_entry(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """A torch_cpu unit of ATen: its include paths and definitions are those of torch_cuda's."""
+        for path in sorted(entries):
+            out = entry_output(entries[path]) or ""
+            if path.startswith("aten/src/ATen/native/") and "torch_cpu.dir" in out:
+                return entries[path]
+        raise CompileCheckSetupError("compile_commands.json has no torch_cpu unit of aten/src/ATen/native to "
+                                     "derive the CUDA flags from", hint="is this a PyTorch tree?")
+
+    def _prerequisites(self, container: _Container, output: str | None) -> list[str]:
+        if not output:
+            return []
+        code, text, _ = container.run(["ninja", "-t", "query", output], workdir=BUILD_DIR)
+        if code != 0:
+            raise CompileCheckSetupError(f"ninja does not know {output}: {_last_meaningful(text)}")
+        return order_only_inputs(text)
+
+    @staticmethod
+    def _version(container: _Container, argv: list[str]) -> str:
+        code, text, _ = container.run(argv)
+        return text.strip().splitlines()[-1].strip() if code == 0 and text.strip() else "unknown"
+
+    def _write_cuda_headers(self, container: _Container, tree: Path, gencode: list[str]) -> None:
+        values = {"AT_CUDNN_ENABLED": "0", "AT_ROCM_ENABLED": "0", "AT_MAGMA_ENABLED": "0",
+                  "NVCC_FLAGS_EXTRA": " ".join(gencode)}
+        files: dict[str, bytes] = {}
+        for template, dest in CUDA_CONFIGURED_HEADERS.items():
+            path = tree / template
+            if not path.is_file():
+                raise CompileCheckSetupError(f"{template} is missing from the tree: cannot configure the CUDA headers")
+            files[dest] = configure_file(path.read_text(encoding="utf-8"), values,
+                                         {"C10_CUDA_BUILD_SHARED_LIBS"}).encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for dest, data in files.items():
+                info = tarfile.TarInfo(dest)
+                info.size, info.uid, info.gid, info.mode = len(data), 1000, 1000, 0o644
+                tar.addfile(info, io.BytesIO(data))
+        container.put(BUILD_DIR, buf.getvalue())
+
+
+def check_compile(settings: Settings, options: CompileCheckOptions,
+                  on_log: Callable[[str], None] | None = None) -> CompileCheckReport:
+    """Run the check and return its report (a failed unit is in the report, not raised)."""
+    return CompileCheck(settings, options, on_log).run()
+
+
+def raise_for_failures(report: CompileCheckReport) -> None:
+    failed = report.failed
+    if failed:
+        detail = "; ".join(f"{u.path}: {u.message}" for u in failed)
+        raise CompileCheckFailedError(f"{len(failed)} of {len(report.units)} unit(s) do not compile: {detail}",
+                                      hint="the compiler's output is in the report (--json)")
+
+
+def write_report(report: CompileCheckReport, path: Path, command: list[str] | None = None) -> None:
+    """The report as JSON (temp file + rename), with the command that made it."""
+    from patcher.record import write_atomic
+
+    data = report.to_json()
+    if command is not None:
+        data = {"command": command, **data}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
