@@ -98,7 +98,7 @@ NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_E
                     "-DCUDA_HAS_FP16=1", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_HALF2_OPERATORS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
                     "-Wno-deprecated-gpu-targets", "--expt-extended-lambda", "--expt-relaxed-constexpr",
-                    "-Xcudafe", "--diag_suppress=" + ",".join(NVCC_DIAG_SUPPRESS),
+                    "-Xcudafe", ",".join(f"--diag_suppress={d}" for d in NVCC_DIAG_SUPPRESS),
                     "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-std=c++14")
 # Definitions of the CPU library that must not leak into a CUDA unit of another library.
 CPU_ONLY_DEFINES = ("-Dtorch_cpu_EXPORTS", "-DCAFFE2_BUILD_MAIN_LIB")

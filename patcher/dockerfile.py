@@ -33,7 +33,7 @@ from typing import Any
 import jinja2
 
 from patcher.config import Settings
-from patcher.errors import ImageBuildError, OutputWriteError, TemplateError, UnpinnedInputError
+from patcher.errors import ConfigError, ImageBuildError, OutputWriteError, TemplateError, UnpinnedInputError
 from patcher.spec import BuildSpec, is_known, load_matrix
 
 TEMPLATE_NAME = "builder.Dockerfile.j2"
@@ -155,16 +155,40 @@ def image_from(spec: BuildSpec, settings: Settings) -> str:
 def apt_sources(spec: BuildSpec, settings: Settings) -> list[str]:
     """sources.list lines when the site redirects apt; empty keeps the base image's own."""
     family, codename = spec.image.family, spec.image.codename
+    # A mirror that is a host directory (what `patcher mirror sync` writes) holds no distribution
+    # archive and apt in a container could not read it: the image keeps its own sources then.
+    mirror = settings.mirror if settings.mirror and not is_host_path(settings.mirror) else None
     if family == "debian":
-        base = settings.debian_mirror or (f"{settings.mirror.rstrip('/')}/debian" if settings.mirror else None)
+        base = settings.debian_mirror or (f"{mirror.rstrip('/')}/debian" if mirror else None)
         components = "main"
     else:
-        base = f"{settings.mirror.rstrip('/')}/{family}" if settings.mirror else None
+        base = f"{mirror.rstrip('/')}/{family}" if mirror else None
         components = "main universe"
     if not base:
         return []
     base = base.rstrip("/")
     return [f"deb {base} {suite} {components}" for suite in (codename, f"{codename}-updates")]
+
+
+def is_host_path(base: str | None) -> bool:
+    """A location without a scheme (or file://) is a directory on this host: fine for host-side
+    steps (fetch, inputs), unreadable for downloads inside the image build."""
+    return bool(base) and (base.startswith("file://") or "://" not in base)
+
+
+def _refuse_host_paths(spec: BuildSpec, settings: Settings, packages: BuildPackages) -> None:
+    unreadable = []
+    if not spec.is_cpu and is_host_path(settings.files_base()):
+        unreadable.append(f"the CUDA runfile and cuDNN archive from {settings.files_base()}")
+    if packages.pip and is_host_path(settings.pypi_base()):
+        unreadable.append(f"pip wheels from {settings.pypi_base()}")
+    if is_host_path(settings.debian_mirror):
+        unreadable.append(f"apt packages from {settings.debian_mirror}")
+    if unreadable:
+        raise ConfigError(f"the image build of {spec.build_id} downloads inside a container, which cannot read "
+                          f"host directories: {'; '.join(unreadable)}",
+                          hint="serve the mirror over HTTP and set mirror (or files_mirror / pypi_index / "
+                               "debian_mirror) to its URL")
 
 
 def artifact_url(url: str, sha256: str, settings: Settings) -> str:
@@ -242,6 +266,7 @@ def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
     if missing:
         raise UnpinnedInputError(f"refusing to render {spec.build_id}: unpinned input(s): " + "; ".join(missing),
                                  hint="pin them in the matrix or in the config file's [overrides]")
+    _refuse_host_paths(spec, settings, packages)
 
     context_files: dict[str, bytes] = {}
     requirements_sha = None

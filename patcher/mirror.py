@@ -475,6 +475,10 @@ def _wheel_pins(spec: BuildSpec, settings: Settings) -> tuple[tuple[WheelPin, ..
     """
     from patcher.dockerfile import REQUIREMENTS_NAME, build_packages, pip_artifact_name, render
 
+    # The pins do not depend on where inputs are fetched from; rendering without the site's
+    # locations keeps render's checks of those locations out of the way.
+    settings = replace(settings, mirror=None, git_mirror=None, files_mirror=None, pypi_index=None,
+                       debian_mirror=None, registry=None)
     packages = build_packages(spec, settings)
     unpinned = list(spec.unpinned_inputs())
     try:
@@ -1337,7 +1341,10 @@ def _bundle_members(mirror: Path) -> list[Path]:
         rel = path.relative_to(mirror)
         if path.is_symlink():
             raise BundleError(f"{path} is a symbolic link; a mirror holds plain files only")
-        if not path.is_file() or rel.name == LOCK_NAME or rel.name.endswith(PART_SUFFIX):
+        # Never carried: the lock, downloads in progress, temp dirs of an interrupted sync
+        # (dot names) and the temp packs of an interrupted git fetch.
+        if (not path.is_file() or rel.name.endswith(PART_SUFFIX) or any(p.startswith(".") for p in rel.parts)
+                or rel.name.startswith(("tmp_pack_", "tmp_idx_"))):
             continue
         members.append(rel)
     return members
