@@ -6,8 +6,10 @@ import hashlib
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.fixtures.common import run_patcher
@@ -198,3 +200,82 @@ def test_sync_pushes_the_image_to_a_registry_with_its_digest(synced_mirror, tmp_
         assert "sha256:" + hashlib.sha256(resp.content).hexdigest() == up.image_digest
     finally:
         site.stop()
+
+
+def test_download_resumes_over_http_with_range_requests(tmp_path):
+    """A server that honours Range gets asked only for the missing tail; a complete part gets 416."""
+    import http.server
+    import threading
+
+    from patcher.mirror import download
+
+    content = bytes(range(256)) * 400
+    sha = hashlib.sha256(content).hexdigest()
+    ranges: list[str | None] = []
+
+    class RangeHandler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            header = self.headers.get("Range")
+            ranges.append(header)
+            start = int(header.split("=")[1].rstrip("-")) if header else 0
+            if start >= len(content):
+                self.send_response(416)
+                self.end_headers()
+                return
+            body = content[start:]
+            self.send_response(206 if header else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/blob"
+        dest = tmp_path / "files" / sha
+        dest.parent.mkdir()
+        Path(f"{dest}.part").write_bytes(content[:30000])
+        assert download(url, dest, sha, "test blob") == len(content) - 30000
+        assert ranges[-1] == "bytes=30000-" and dest.read_bytes() == content
+
+        again = tmp_path / "again" / sha
+        again.parent.mkdir()
+        Path(f"{again}.part").write_bytes(content)
+        assert download(url, again, sha, "test blob") == 0
+        assert ranges[-1] == f"bytes={len(content)}-" and again.read_bytes() == content
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_two_syncs_never_write_one_mirror_at_once(synced_mirror, tmp_path):
+    import fcntl
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with open(mirror / ".patcher-mirror.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = _sync(synced_mirror.upstream, mirror, "--from", str(synced_mirror.path))
+    assert result.exit_code == 20 and "another sync is writing" in result.stderr
+    assert sorted(p.name for p in mirror.iterdir()) == [".patcher-mirror.lock"]
+
+
+@pytest.mark.docker
+def test_the_image_archive_loads_into_the_engine(synced_mirror, docker_client):
+    """The OCI layout archive also carries manifest.json, so `docker load` (engine 20.10) reads it."""
+    archive = next((synced_mirror.path / "images").glob("*.tar"))
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())[0]
+    config_digest = "sha256:" + manifest["Config"].rsplit("/", 1)[1]
+    with open(archive, "rb") as fh:
+        loaded = docker_client.images.load(fh.read())
+    try:
+        assert [image.id for image in loaded] == [config_digest]
+    finally:
+        for image in loaded:
+            for tag in image.tags:
+                docker_client.images.remove(tag)
