@@ -51,11 +51,16 @@ import json
 import posixpath
 import re
 import shlex
+import shutil
+import signal
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -476,6 +481,23 @@ class _Container:
             pass
 
 
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, so the container is removed as on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _last_meaningful(output: str) -> str:
     lines = [ANSI_RE.sub("", ln).strip() for ln in output.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
@@ -520,7 +542,11 @@ class CompileCheck:
                 self.log(f"fetching {spec.tag} into {tree}\n")
                 started = time.monotonic()
                 source_mod.fetch(spec, self.settings, tree)
-                patched = patches_mod.apply_series(series, tree)
+                try:
+                    patched = patches_mod.apply_series(series, tree)
+                except BaseException:
+                    shutil.rmtree(tree, ignore_errors=True)  # no unpatched tree left to be taken for a patched one
+                    raise
                 self.durations["fetch_and_patch"] = round(time.monotonic() - started, 1)
                 self.log(f"applied {len(patched.patches)} patch(es): {', '.join(series.ids)}\n")
                 return tree
@@ -528,7 +554,8 @@ class CompileCheck:
             check = patches_mod.check_series(series, tree)
         except PatcherError as exc:
             raise CompileCheckSetupError(f"cannot tell whether {tree} holds the series of torch {series.version}: "
-                                         f"{exc}", hint="give a clean tree that `patcher patches apply` patched") from None
+                                         f"{exc.message}", hint=exc.hint or "give a clean tree that "
+                                         "`patcher patches apply` patched") from None
         if not check.already_applied:
             raise CompileCheckSetupError(f"{tree} does not hold the series of torch {series.version} "
                                          f"({len(series.patches)} patches): it applies, so it is not applied yet",
@@ -571,6 +598,10 @@ class CompileCheck:
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> CompileCheckReport:
+        with _terminate_as_interrupt():
+            return self._run()
+
+    def _run(self) -> CompileCheckReport:
         from patcher import builder
         from patcher import patches as patches_mod
         from patcher.source import run_git, tracked_files

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import IO, Any, Callable
 
 from patcher.config import Settings
+from patcher.dockerfile import REQUIREMENTS_NAME, build_packages, image_from, pip_artifact_name, render
 from patcher.errors import (
     BundleError,
     ChecksumMismatchError,
@@ -67,6 +68,15 @@ from patcher.errors import (
     TagMismatchError,
     UnpinnedInputError,
     UnreachableInputError,
+)
+from patcher.source import (
+    GitCommandFailed,
+    cache_repo,
+    last_line,
+    mirror_url,
+    org_repo,
+    resolve_relative,
+    run_git,
 )
 from patcher.spec import BuildSpec, is_known
 
@@ -207,21 +217,7 @@ def normalize_project(name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # git: reading pins and fetching them
 def _git(*args: str, cwd: Path | None = None, check: bool = True):
-    from patcher.source import run_git
-
     return run_git(*args, cwd=cwd, check=check)
-
-
-def _git_failed():
-    from patcher.source import GitCommandFailed
-
-    return GitCommandFailed
-
-
-def _last_line(text: str) -> str:
-    from patcher.source import last_line
-
-    return last_line(text)
 
 
 def has_commit(repo: Path, sha: str) -> bool:
@@ -268,11 +264,11 @@ def _fetch(repo: Path, url: str, refspecs: list[str], what: str) -> int:
         _git("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1", "-c", "gc.auto=0",
              "-c", "maintenance.auto=false", "fetch", "-q", "--no-tags", "--no-write-fetch-head",
              url, *refspecs, cwd=repo)
-    except _git_failed() as exc:
+    except GitCommandFailed as exc:
         stderr = exc.stderr
         if "couldn't find remote ref" in stderr or "not our ref" in stderr or "no such remote ref" in stderr:
-            raise SubmoduleError(f"{what} is not in {url} ({_last_line(stderr)})", hint=MIRROR_HINT) from None
-        raise UnreachableInputError(f"cannot fetch {what} from {url}: {_last_line(stderr)}",
+            raise SubmoduleError(f"{what} is not in {url} ({last_line(stderr)})", hint=MIRROR_HINT) from None
+        raise UnreachableInputError(f"cannot fetch {what} from {url}: {last_line(stderr)}",
                                     hint=MIRROR_HINT) from None
     after = _pack_bytes(repo)
     return sum(size for name, size in after.items() if name not in before)
@@ -318,8 +314,6 @@ class _GitWalk:
         self.problems.setdefault((pin.name, pin.commit), []).append((status, detail))
 
     def top(self, spec: BuildSpec) -> list[GitPin]:
-        from patcher.source import org_repo
-
         org, repo = org_repo(spec.repo)
         pin = GitPin(upstream=spec.repo, org=org, repo=repo, commit=spec.commit, path="", tag=spec.tag)
         pins = [pin]
@@ -366,8 +360,6 @@ class _GitWalk:
 
     # -- submodules, recursively -------------------------------------------------------------
     def _submodules(self, repo: Path, parent: GitPin, out: list[GitPin]) -> None:
-        from patcher.source import org_repo, resolve_relative
-
         links = gitlinks(repo, parent.commit)
         if not links:
             return
@@ -433,7 +425,7 @@ class _GitWalk:
         if proc.returncode != 0:
             where = f"submodule {pin.path}" if pin.path else f"tag {pin.tag}"
             self._problem(pin, "corrupt", f"{pin.mirror_path} lacks objects of {pin.commit} "
-                                          f"({where}): {_last_line(proc.stderr)}")
+                                          f"({where}): {last_line(proc.stderr)}")
             return None
         return repo
 
@@ -473,8 +465,6 @@ def _wheel_pins(spec: BuildSpec, settings: Settings) -> tuple[tuple[WheelPin, ..
     The wheels come from the rendered requirements file; when render refuses (an unpinned
     input), from the same package list render reads, with the unpinned ones named.
     """
-    from patcher.dockerfile import REQUIREMENTS_NAME, build_packages, pip_artifact_name, render
-
     # The pins do not depend on where inputs are fetched from; rendering without the site's
     # locations keeps render's checks of those locations out of the way.
     settings = replace(settings, mirror=None, git_mirror=None, files_mirror=None, pypi_index=None,
@@ -494,8 +484,6 @@ def _wheel_pins(spec: BuildSpec, settings: Settings) -> tuple[tuple[WheelPin, ..
 
 
 def _image_pin(spec: BuildSpec, settings: Settings) -> ImagePin:
-    from patcher.dockerfile import image_from
-
     ref = image_from(spec, settings).rsplit("@", 1)[0]
     return ImagePin(name=spec.image.name, ref=ref, digest=spec.image.digest)
 
@@ -514,8 +502,6 @@ def plan(spec: BuildSpec, settings: Settings) -> MirrorPlan:
     The submodules are read from the tag's tree, fetched from the configured upstream or
     mirror into the fetch cache (the same one `patcher fetch` uses, so nothing is fetched twice).
     """
-    from patcher.source import cache_repo, mirror_url
-
     if not is_known(spec.commit):
         raise UnpinnedInputError(f"no commit is pinned for torch {spec.torch} (tag {spec.tag}): "
                                  "its submodules cannot be listed",
@@ -1041,8 +1027,6 @@ def _refuse_unpinned(spec: BuildSpec, mirror_plan_unpinned: tuple[str, ...]) -> 
 def sync(spec: BuildSpec, settings: Settings, dest: Path, source: str | None = None,
          registry: str | None = None) -> SyncResult:
     """Fetch the closure of ``spec`` into the mirror ``dest`` (see the module docstring)."""
-    from patcher.source import mirror_url, org_repo
-
     dest = Path(dest).absolute()
     src = source_settings(settings, source)
     wheels, _apt, unpinned = _wheel_pins(spec, settings)
@@ -1241,8 +1225,6 @@ class CheckReport:
 
 def check(spec: BuildSpec, settings: Settings, mirror: Path) -> CheckReport:
     """Is the whole closure of ``spec`` in ``mirror``, with every checksum right?"""
-    from patcher.source import org_repo
-
     mirror = Path(mirror).absolute()
     if not mirror.is_dir():
         raise MirrorIncompleteError(f"mirror {mirror} does not exist", hint="run `patcher mirror sync --to DIR`")
@@ -1268,7 +1250,7 @@ def check(spec: BuildSpec, settings: Settings, mirror: Path) -> CheckReport:
         repo = mirror / pin.mirror_path
         if repo not in fsck_done:
             proc = _git("fsck", "--no-dangling", "--no-progress", cwd=repo, check=False)
-            fsck_done[repo] = "" if proc.returncode == 0 else _last_line(proc.stderr or proc.stdout)
+            fsck_done[repo] = "" if proc.returncode == 0 else last_line(proc.stderr or proc.stdout)
         if fsck_done[repo]:
             items.append(CheckedItem("git", label, pin.commit, pin.mirror_path, "corrupt",
                                      f"git fsck of {pin.mirror_path} fails: {fsck_done[repo]}"))

@@ -129,7 +129,7 @@ def test_image_build_step_failing(standin, tmp_path, patcher_cli, docker_client,
     (catalog / "dockerfiles" / "builder.Dockerfile.j2").write_text("".join(lines))
     env = dict(standin.env, PATCHER_CATALOG=str(catalog))
     work = tmp_path / "work"
-    res = patcher_cli(*standin.build_args(work), env=env)
+    res = patcher_cli(*standin.build_args(work, "--ccache-volume", "patcher-test-unused"), env=env)
     assert res.exit_code == ImageBuildError.exit_code, res.stderr
     line = _one_line_error(res.stderr)
     assert "docker build of torch-1.4.0-cpu.pt1-py3.9 failed" in line and "7" in line

@@ -32,9 +32,10 @@ def mirror_group():
     \b
     A mirror directory has the layout the `mirror` setting implies: git/ORG/REPO.git,
     files/<sha256>, wheelhouse/ (a PEP 503 index), images/<name>@sha256_<hex>.tar.
-    Point every stage at it with `mirror = ...` (config), PATCHER_MIRROR or --mirror; serve it
-    over HTTP for builds (containers cannot read host paths) and push its images to a registry
-    (`sync --registry`, then the `registry` setting).
+    Point every stage at it with `mirror = ...` (config), PATCHER_MIRROR or --mirror.  As a
+    directory it serves fetch and the build's pinned inputs; downloads inside the image build
+    (CUDA files, pip wheels) need it served over HTTP (mirror = http://...), and the base image
+    comes from a registry (`sync --registry HOST`, then the `registry` setting).
     """
 
 
