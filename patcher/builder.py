@@ -129,6 +129,7 @@ class BuildOptions:
     timeout: float = DEFAULT_TIMEOUT  # per container stage, seconds
     ccache_volume: str | None = None  # None: patcher-ccache-<torch>-<cuda>
     probe_image: str | None = None  # None: the builder image
+    probe_wheelhouse: str | None = None  # wheels of the wheel's dependencies (offline install)
 
 
 @dataclass
@@ -662,7 +663,6 @@ class Builder:
         opts = self.options
         if opts.until is not None and opts.until not in STAGES:
             raise WorkDirError(f"--until {opts.until}: no such stage", hint="stages: " + ", ".join(STAGES))
-        started = time.monotonic()
         spec = resolve(self.settings, opts.torch, cuda=opts.cuda, python=opts.python, arch=opts.arch,
                        gcc=opts.gcc)
         spec.require_pinned()
@@ -673,7 +673,7 @@ class Builder:
                 try:
                     if self._needs_docker():
                         _ = self.client  # a bad engine fails now, before minutes of fetching
-                    self._run_stages(started)
+                    self._run_stages()
                 except (KeyboardInterrupt, _Interrupted):
                     self.progress.note(f"interrupted; log kept in {self.log_path}")
                     raise InterruptedByUser("build interrupted; containers removed, log kept in "
@@ -694,7 +694,7 @@ class Builder:
         pending = [s for s in STAGES[:last + 1] if s not in self.state.completed_stages]
         return any(STAGES.index(s) >= STAGES.index("image") for s in pending)
 
-    def _run_stages(self, started: float) -> None:
+    def _run_stages(self) -> None:
         state = self.state
         for stage in STAGES:
             if stage in state.completed_stages:
@@ -879,14 +879,26 @@ class Builder:
             self.progress.log(f"image {rendered.image_tag} exists ({image_id}); not building it again\n")
         except docker.errors.ImageNotFound:
             self.state.image_reused = False
+            lines: list[str] = []
+
+            def on_log(text: str) -> None:
+                self.progress.log(text)
+                lines.extend(ln for ln in text.splitlines() if ln.strip())
+                del lines[:-200]
+
             try:
-                image_id = dockerfile.build_image(api, rendered, on_log=self.progress.log)
+                image_id = dockerfile.build_image(api, rendered, on_log=on_log)
             except ImageBuildError as exc:
-                if log_mentions_disk_full(exc.message):
+                # The step's own error line (apt's "E: ...", a compiler's) says more than the
+                # last line docker printed ("Removing intermediate container ...").
+                reason = last_meaningful([ln for ln in lines if not ln.lstrip().startswith(
+                    ("Removing intermediate container", "---> "))])
+                message = exc.message.split(" (last output:", 1)[0] + (f"; {reason}" if lines else "")
+                if log_mentions_disk_full(exc.message) or any(log_mentions_disk_full(ln) for ln in lines):
                     raise DiskFullError(f"the image build of {self.spec.build_id} ran out of disk space: "
-                                        f"{exc.message}", hint="free space on the engine's disk "
+                                        f"{message}", hint="free space on the engine's disk "
                                         "(docker system df)") from None
-                raise ImageBuildError(exc.message, hint=f"full log: {self.log_path}") from None
+                raise ImageBuildError(message, hint=f"full log: {self.log_path}") from None
         except docker.errors.APIError as exc:
             raise ImageBuildError(f"cannot inspect image {rendered.image_tag}: {_short(exc)}") from None
         self.state.image_id = image_id
@@ -910,7 +922,7 @@ class Builder:
         ids = tuple(p["id"] for p in self.state.patches)
         self.progress.log(f"probing {wheel.name} in {image}\n")
         report = probing.probe_wheel_in_image(wheel, image, probing.ProbeOptions(patched_ids=ids),
-                                              client=self.client)
+                                              wheelhouse=self.options.probe_wheelhouse, client=self.client)
         path = wheel.with_name(wheel.name + PROBE_SUFFIX)
         write_atomic(path, json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n")
         self.state.probe_report = str(path.relative_to(self.dir))

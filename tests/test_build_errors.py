@@ -132,7 +132,9 @@ def test_image_build_step_failing(standin, tmp_path, patcher_cli, docker_client,
     res = patcher_cli(*standin.build_args(work, "--ccache-volume", "patcher-test-unused"), env=env)
     assert res.exit_code == ImageBuildError.exit_code, res.stderr
     line = _one_line_error(res.stderr)
-    assert "docker build of torch-1.4.0-cpu.pt1-py3.9 failed" in line and "7" in line
+    assert "docker build of torch-1.4.0-cpu.pt1-py3.9 failed" in line and "non-zero code: 7" in line
+    assert line.endswith("patcher test: this step fails (full log: "
+                         f"{(work / standin.build_id / 'build.log').absolute()})")
     record = json.loads((work / standin.build_id / "record.json").read_text())
     assert record["completed_stages"][-1] == "render"
     assert "patcher test: this step fails" in (work / standin.build_id / "build.log").read_text()

@@ -31,9 +31,12 @@ from patcher.cli.common import echo_json, load_settings
               help="Seconds one container stage (configure, wheel) may run.")
 @click.option("--ccache-volume", help="Docker volume for ccache (default: patcher-ccache-<torch>-<cuda>).")
 @click.option("--probe-image", help="Image to probe the wheel in (default: the builder image).")
+@click.option("--probe-wheelhouse", type=click.Path(exists=True, file_okay=False),
+              help="Folder of wheels the wheel's dependencies are installed from when probing (offline).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir, docker_host, git_mirror, until,
-                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, as_json) -> None:
+                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, probe_wheelhouse,
+                  as_json) -> None:
     """Build a wheel: resolve, fetch, patch, render, image, configure, wheel, probe, certify.
 
     \b
@@ -45,7 +48,8 @@ def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir
     settings = load_settings(work_dir=work_dir, docker_host=docker_host, git_mirror=git_mirror)
     options = BuildOptions(torch=torch_version, cuda=cuda, python=python_version, arch=arch, gcc=gcc, jobs=jobs,
                            until=until, resume=resume, fresh=fresh, check_reproducible=check_reproducible,
-                           timeout=timeout, ccache_volume=ccache_volume, probe_image=probe_image)
+                           timeout=timeout, ccache_volume=ccache_volume, probe_image=probe_image,
+                           probe_wheelhouse=probe_wheelhouse)
     result = build(settings, options)
     if as_json:
         echo_json({"build_id": result.build_id, "work_dir": str(result.work_dir), "record": str(result.record),

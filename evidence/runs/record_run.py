@@ -1,0 +1,322 @@
+"""Gather the record of one real `patcher build` run into a folder under evidence/runs/.
+
+The build itself already keeps its state in ``<work>/<build-id>/record.json`` (stages, stage
+times, wheel sha256, patches, toolchain) and its log in ``build.log``; this script only copies
+what matters into the run folder, checks it, and adds what the record cannot know (ccache
+statistics, the probe/certify/publish steps, the warm rebuild).  Nothing here builds anything.
+
+    python evidence/runs/record_run.py ccache-stats --volume V --image IMG --out FILE
+        `ccache --print-stats` of a ccache volume, read in a throwaway container (removed
+        afterwards, network off, volume mounted read-only), written as JSON.
+
+    python evidence/runs/record_run.py collect --run-dir DIR --cold WORK/BUILD-ID
+            [--warm WORK/BUILD-ID] [--cold-command CMD] [--warm-command CMD] ...
+        Copies record.json and build.log (gzip) of each build, re-hashes the wheel and compares
+        it with the record, copies the probe report and the evidence files found in DIR/steps,
+        and writes DIR/run.json with the numbers (stage times, cold vs warm, ccache deltas).
+
+Every failure is one line on stderr and exit status 2; files are written to a temp name and
+renamed, so a failed run leaves the previous record intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+
+class RecordError(Exception):
+    """A one-line reason the record cannot be made."""
+
+
+# --- small helpers --------------------------------------------------------------------------------
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def gzip_copy(src: Path, dest: Path) -> None:
+    """gzip with a fixed mtime and no file name inside: the same log gives the same bytes."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as out, \
+                open(src, "rb") as fh:
+            shutil.copyfileobj(fh, out, 1 << 20)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{what} {path} does not exist") from None
+    except ValueError as exc:
+        raise RecordError(f"{what} {path} is not JSON: {exc}") from None
+
+
+# --- ccache ---------------------------------------------------------------------------------------
+def parse_print_stats(text: str) -> dict[str, int]:
+    """ccache >= 4 `--print-stats`: one 'name<TAB>value' a line."""
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("\t")
+        if sep and value.strip().lstrip("-").isdigit():
+            stats[name.strip()] = int(value)
+    if not stats:
+        raise RecordError("ccache --print-stats printed nothing readable (ccache older than 4.0?)")
+    return stats
+
+
+def ccache_summary(stats: dict[str, int]) -> dict[str, Any]:
+    hits = stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0)
+    misses = stats.get("cache_miss", 0)
+    total = hits + misses
+    return {"hits": hits, "direct_hits": stats.get("direct_cache_hit", 0),
+            "preprocessed_hits": stats.get("preprocessed_cache_hit", 0), "misses": misses,
+            "hit_rate": round(hits / total, 4) if total else None,
+            "files_in_cache": stats.get("files_in_cache"), "cache_size_kib": stats.get("cache_size_kibibyte")}
+
+
+def ccache_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    """What one build added to the volume's counters (the counters are cumulative)."""
+    keys = ("direct_cache_hit", "preprocessed_cache_hit", "cache_miss", "compile_failed", "preprocessor_error")
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in keys}
+    return ccache_summary({**delta, "files_in_cache": after.get("files_in_cache", 0),
+                           "cache_size_kibibyte": after.get("cache_size_kibibyte", 0)}) | {
+        "compile_failed": delta["compile_failed"], "preprocessor_error": delta["preprocessor_error"]}
+
+
+def read_ccache_stats(volume: str, image: str) -> dict[str, Any]:
+    """Run `ccache --print-stats` and `ccache -s` against ``volume`` in a throwaway container."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise RecordError(f"the Docker engine is not reachable: {exc}") from None
+    try:
+        try:
+            client.volumes.get(volume)
+        except docker.errors.NotFound:
+            raise RecordError(f"ccache volume {volume} does not exist") from None
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise RecordError(f"image {image} is not on this machine") from None
+        container = None
+        try:
+            container = client.containers.create(
+                image, command=["sh", "-c", "ccache --version | head -n 1; echo ==; ccache --print-stats; "
+                                            "echo ==; ccache -s"],
+                environment={"CCACHE_DIR": "/ccache"}, network_mode="none", user="1000",
+                volumes={volume: {"bind": "/ccache", "mode": "ro"}}, entrypoint=[],
+                name=f"patcher-record-ccache-{uuid.uuid4().hex[:8]}", labels={"org.patcher.record-run": "1"})
+            container.start()
+            status = container.wait(timeout=120)["StatusCode"]
+            output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        finally:
+            if container is not None:
+                container.remove(force=True)
+    finally:
+        client.close()
+    if status != 0:
+        raise RecordError(f"ccache in {image} exited with {status}: {output.strip().splitlines()[-1:]}")
+    version, print_stats, human = (output.split("==\n") + ["", ""])[:3]
+    stats = parse_print_stats(print_stats)
+    return {"volume": volume, "ccache_version": version.strip(), "taken": utc_now(), "stats": stats,
+            "summary": ccache_summary(stats), "ccache_s": human.rstrip("\n")}
+
+
+# --- builds ---------------------------------------------------------------------------------------
+def utc_now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    parse = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def collect_build(build_dir: Path, run_dir: Path, label: str) -> dict[str, Any]:
+    """Copy one build's record and log into the run folder; return its numbers."""
+    record = load_json(build_dir / "record.json", f"the {label} build record")
+    out: dict[str, Any] = {
+        "build_id": record.get("build_id"), "work_dir": str(build_dir),
+        "started": record.get("started"), "finished": record.get("finished"),
+        "completed_stages": record.get("completed_stages", []),
+        "stage_durations_s": record.get("stage_durations", {}),
+        "stages_total_s": round(sum(record.get("stage_durations", {}).values()), 1),
+        "patches": [p["id"] for p in record.get("patches", [])],
+        "toolchain": record.get("toolchain", {}), "image_tag": record.get("image_tag"),
+        "image_reused": record.get("image_reused"), "container_env": record.get("container_env", {}),
+    }
+    # `started` is the first run's start; after a --resume the sum of stage times is the build.
+    out["wall_s_first_start_to_last_stage"] = _seconds_between(record.get("started"), record.get("finished"))
+    wheel = record.get("wheel")
+    if wheel:
+        path = build_dir / wheel["path"]
+        if not path.is_file():
+            raise RecordError(f"the {label} wheel {path} named in the record does not exist")
+        actual = sha256_file(path)
+        if actual != wheel["sha256"]:
+            raise RecordError(f"the {label} wheel {path.name} has sha256 {actual}, its record says {wheel['sha256']}")
+        out["wheel"] = {"name": wheel["name"], "sha256": actual, "size_bytes": path.stat().st_size}
+    write_json(run_dir / f"record-{label}.json", record)
+    log = build_dir / "build.log"
+    if log.is_file():
+        gzip_copy(log, run_dir / f"build-{label}.log.gz")
+        out["log"] = {"file": f"build-{label}.log.gz", "sha256_uncompressed": sha256_file(log),
+                      "lines": sum(1 for _ in open(log, "rb"))}
+    return out
+
+
+def probe_summary(report_path: Path) -> dict[str, Any]:
+    report = load_json(report_path, "the probe report")
+    checks = [{"id": c["id"], "status": c["status"], "required": c["required"], "patches": c.get("patches", []),
+               "message": (c.get("message") or "")[:300]} for c in report.get("checks", [])]
+    return {"file": report_path.name, "passed": report.get("passed"), "summary": report.get("summary"),
+            "patched_ids": report.get("patched_ids"), "torch": (report.get("environment") or {}).get("torch"),
+            "python": (report.get("environment") or {}).get("python"), "checks": checks,
+            "required_failed": [c["id"] for c in checks if c["required"] and c["status"] in ("fail", "error")]}
+
+
+def host_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = {"cpus": os.cpu_count(), "kernel": platform.release(), "machine": platform.machine()}
+    try:
+        facts["memory_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    try:
+        facts["docker"] = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
+                                         capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        facts["docker"] = None
+    try:
+        facts["os"] = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines()
+                           if "=" in line).get("PRETTY_NAME", "").strip('"')
+    except OSError:
+        pass
+    return facts
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    existing = load_json(run_dir / "run.json", "run.json") if (run_dir / "run.json").is_file() else {}
+    run: dict[str, Any] = {"schema": SCHEMA, "run": run_dir.name, "recorded": utc_now(), "host": host_facts(),
+                           "notes": args.note or existing.get("notes", [])}
+    cold = collect_build(Path(args.cold), run_dir, "cold")
+    cold["command"] = args.cold_command
+    run["cold"] = cold
+    if args.warm:
+        warm = collect_build(Path(args.warm), run_dir, "warm")
+        warm["command"] = args.warm_command
+        warm["changed_patch"] = args.warm_change
+        run["warm"] = warm
+        ratios: dict[str, Any] = {}
+        for stage in ("configure", "wheel"):
+            c, w = cold["stage_durations_s"].get(stage), warm["stage_durations_s"].get(stage)
+            if c and w:
+                ratios[f"{stage}_cold_over_warm"] = round(c / w, 2)
+        if cold["stages_total_s"] and warm["stages_total_s"]:
+            ratios["total_cold_over_warm"] = round(cold["stages_total_s"] / warm["stages_total_s"], 2)
+        run["warm_vs_cold"] = ratios
+    for name, key in (("ccache-after-cold.json", "ccache_after_cold"), ("ccache-after-warm.json", "ccache_after_warm")):
+        if (run_dir / name).is_file():
+            run[key] = load_json(run_dir / name, name)["summary"]
+    if "ccache_after_cold" in run and "ccache_after_warm" in run:
+        before = load_json(run_dir / "ccache-after-cold.json", "ccache stats")["stats"]
+        after = load_json(run_dir / "ccache-after-warm.json", "ccache stats")["stats"]
+        run["ccache_warm_build"] = ccache_delta(before, after)
+    probe = run_dir / "evidence" / (cold.get("wheel", {}).get("name", "") + ".probe.json")
+    if args.probe_report:
+        probe = Path(args.probe_report)
+    if probe.is_file():
+        run["probe"] = probe_summary(probe)
+    evidence_dir = run_dir / "evidence"
+    if evidence_dir.is_dir():
+        run["evidence_files"] = {p.name: sha256_file(p) for p in sorted(evidence_dir.iterdir()) if p.is_file()}
+    steps = run_dir / "steps"
+    if steps.is_dir():
+        run["steps"] = sorted(p.name for p in steps.iterdir() if p.is_file())
+    write_json(run_dir / "run.json", run)
+    return run
+
+
+# --- command line ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="record_run.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    cc = sub.add_parser("ccache-stats", help="ccache statistics of a volume, as JSON")
+    cc.add_argument("--volume", required=True)
+    cc.add_argument("--image", required=True, help="an image that has ccache (the builder image)")
+    cc.add_argument("--out", required=True)
+    co = sub.add_parser("collect", help="gather the run's record into its folder")
+    co.add_argument("--run-dir", required=True)
+    co.add_argument("--cold", required=True, help="the cold build's directory (<work>/<build-id>)")
+    co.add_argument("--cold-command", default=None)
+    co.add_argument("--warm", default=None, help="the warm rebuild's directory")
+    co.add_argument("--warm-command", default=None)
+    co.add_argument("--warm-change", default=None, help="what was changed before the warm rebuild")
+    co.add_argument("--probe-report", default=None)
+    co.add_argument("--note", action="append", default=None, help="a sentence for run.json's notes (repeatable)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "ccache-stats":
+            result = read_ccache_stats(args.volume, args.image)
+            write_json(Path(args.out), result)
+            print(f"ccache {args.volume}: {json.dumps(result['summary'], sort_keys=True)}")
+        else:
+            run = collect(args)
+            wheel = run["cold"].get("wheel") or {}
+            print(f"wrote {Path(args.run_dir) / 'run.json'}: wheel {wheel.get('name')} sha256 {wheel.get('sha256')}")
+    except RecordError as exc:
+        print(f"record_run: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

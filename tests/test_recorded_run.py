@@ -1,0 +1,125 @@
+"""evidence/runs/record_run.py (the gatherer of recorded runs) and the build flag the recorded
+run needs (--probe-wheelhouse).  Pure logic on small files; one docker test for the ccache
+reader's refusal of a volume that does not exist."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = REPO_ROOT / "evidence" / "runs" / "record_run.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("record_run", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+record_run = _load()
+
+PRINT_STATS = ("stats_updated_timestamp\t1796007477\ndirect_cache_hit\t72\npreprocessed_cache_hit\t3\n"
+               "cache_miss\t150\ncompile_failed\t14\npreprocessor_error\t4\nfiles_in_cache\t303\n"
+               "cache_size_kibibyte\t2940\n")
+
+
+def _build_dir(root: Path, name: str, durations: dict[str, float], wheel_bytes: bytes = b"wheel") -> Path:
+    build = root / name / "torch-1.13.1-cpu.pt1-py3.9"
+    (build / "dist").mkdir(parents=True)
+    wheel = build / "dist" / "torch-1.13.1+cpu.pt1-cp39-cp39-linux_x86_64.whl"
+    wheel.write_bytes(wheel_bytes)
+    (build / "build.log").write_text("==> wheel\n[1/1255] Building CXX object c10.o\n")
+    record = {"build_id": build.name, "started": "2026-11-30T02:50:27Z", "finished": "2026-11-30T04:30:00Z",
+              "completed_stages": list(durations), "stage_durations": durations,
+              "patches": [{"id": "PT-0101"}, {"id": "PT-0102"}],
+              "wheel": {"name": wheel.name, "path": f"dist/{wheel.name}",
+                        "sha256": hashlib.sha256(wheel_bytes).hexdigest()}}
+    (build / "record.json").write_text(json.dumps(record))
+    return build
+
+
+def test_print_stats_are_parsed_and_summarised():
+    stats = record_run.parse_print_stats(PRINT_STATS)
+    assert stats["direct_cache_hit"] == 72 and stats["cache_miss"] == 150
+    summary = record_run.ccache_summary(stats)
+    assert summary["hits"] == 75 and summary["misses"] == 150 and summary["hit_rate"] == round(75 / 225, 4)
+
+
+def test_unreadable_print_stats_is_a_record_error():
+    with pytest.raises(record_run.RecordError, match="printed nothing readable"):
+        record_run.parse_print_stats("Usage: ccache [options]\n")
+
+
+def test_ccache_delta_counts_only_what_the_second_build_added():
+    before = record_run.parse_print_stats(PRINT_STATS)
+    after = dict(before, direct_cache_hit=1272, cache_miss=153, files_in_cache=2700)
+    delta = record_run.ccache_delta(before, after)
+    assert delta["hits"] == 1200 and delta["misses"] == 3 and delta["files_in_cache"] == 2700
+    assert delta["hit_rate"] == round(1200 / 1203, 4)
+
+
+def test_collect_writes_run_json_with_cold_and_warm_numbers(tmp_path):
+    cold = _build_dir(tmp_path, "cold", {"configure": 74.2, "wheel": 6000.0})
+    warm = _build_dir(tmp_path, "warm", {"configure": 70.0, "wheel": 600.0}, wheel_bytes=b"wheel2")
+    run_dir = tmp_path / "run"
+    code = record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold), "--warm", str(warm),
+                            "--cold-command", "patcher build --torch 1.13.1 --cuda none",
+                            "--warm-change", "PT-0102 message"])
+    assert code == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["cold"]["wheel"]["sha256"] == hashlib.sha256(b"wheel").hexdigest()
+    assert run["cold"]["patches"] == ["PT-0101", "PT-0102"]
+    assert run["warm_vs_cold"]["wheel_cold_over_warm"] == 10.0
+    assert run["warm"]["changed_patch"] == "PT-0102 message"
+    # the log travels compressed, byte-identical inside
+    assert gzip.decompress((run_dir / "build-cold.log.gz").read_bytes()) == (cold / "build.log").read_bytes()
+    assert json.loads((run_dir / "record-warm.json").read_text())["stage_durations"]["wheel"] == 600.0
+
+
+def test_collect_refuses_a_wheel_that_differs_from_its_record_and_keeps_the_old_run(tmp_path, capsys):
+    cold = _build_dir(tmp_path, "cold", {"wheel": 1.0})
+    run_dir = tmp_path / "run"
+    assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold)]) == 0
+    before = (run_dir / "run.json").read_bytes()
+    next(cold.glob("dist/*.whl")).write_bytes(b"tampered")
+    capsys.readouterr()
+    assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("record_run: error: the cold wheel") and "its record says" in err
+    assert len(err.strip().splitlines()) == 1
+    assert (run_dir / "run.json").read_bytes() == before
+    assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_collect_without_a_record_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "collect", "--run-dir", str(tmp_path / "run"),
+                           "--cold", str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.docker
+def test_ccache_stats_of_a_missing_volume_is_refused(tmp_path, docker_client, bullseye_base_image, no_leaks):
+    out = tmp_path / "stats.json"
+    code = record_run.main(["ccache-stats", "--volume", "patcher-no-such-volume-4f1c", "--image",
+                            bullseye_base_image.tag, "--out", str(out)])
+    assert code == 2 and not out.exists()
+
+
+def test_build_refuses_a_probe_wheelhouse_that_does_not_exist_before_any_work(tmp_path):
+    proc = subprocess.run([str(Path(sys.executable).with_name("patcher")), "build", "--torch", "1.13.1",
+                           "--cuda", "none", "--work", str(tmp_path / "work"),
+                           "--probe-wheelhouse", str(tmp_path / "missing")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "--probe-wheelhouse" in proc.stderr and "does not exist" in proc.stderr
+    assert not (tmp_path / "work").exists()
