@@ -42,15 +42,19 @@ def _free_port() -> int:
 def _pinned_base(client, scratch: Path) -> tuple[str, subprocess.Popen | None]:
     """A ``ref@sha256:`` of a local bullseye base image; starts a loopback registry only if the
     image has no repo digest yet (the caller stops it)."""
+    import docker
+
     from patcher.baseimage import BaseImageRequest, make_base_image, push_image
     from patcher.config import Settings
 
-    images = client.images.list(filters={"label": "=".join(BASE_LABEL)})
-    if not images:
+    try:
+        image = client.images.get(BASE_TAG)
+    except docker.errors.ImageNotFound:
+        image = None
+    if image is None or (image.labels or {}).get(BASE_LABEL[0]) != BASE_LABEL[1]:
         make_base_image(BaseImageRequest(suite="bullseye", tag=BASE_TAG, labels=dict([BASE_LABEL])), Settings(),
                         api=client.api)
-        images = client.images.list(filters={"label": "=".join(BASE_LABEL)})
-    image = images[0]
+        image = client.images.get(BASE_TAG)
     for digest_ref in image.attrs.get("RepoDigests") or []:
         repo, digest = digest_ref.split("@")
         return f"{repo}:bench@{digest}", None

@@ -301,13 +301,14 @@ def log_mentions_disk_full(line: str) -> bool:
     return any(marker in line for marker in DISK_FULL_MARKERS)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ERROR_LINE = re.compile(r"(\berror\b|\bError\b|FAILED:|fatal:|No space left)")
 
 
 def last_meaningful(lines: list[str]) -> str:
     """The line that says why a build failed: CMake's error with its reason, else the last
     compiler/ninja error, else the last line of output."""
-    text = [ln.strip() for ln in lines if ln.strip()]
+    text = [t for t in (_ANSI.sub("", ln).strip() for ln in lines) if t]
     for i in range(len(text) - 1, -1, -1):
         if text[i].startswith("CMake Error"):
             reason = text[i + 1] if i + 1 < len(text) else ""

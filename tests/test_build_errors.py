@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,41 @@ def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, do
     record = json.loads((build_dir / "record.json").read_text())
     assert record["completed_stages"][-1] == "configure"
     _no_temp_files(work)
+
+
+def test_interrupt_during_the_image_build_leaves_no_container(standin, tmp_path, docker_client, no_leaks):
+    """The engine cancels a classic build when its client goes; forcerm removes the step's container."""
+    marker = f"patcher-test-slow-step-{uuid.uuid4().hex[:8]}"
+    catalog = tmp_path / "catalog"
+    shutil.copytree(standin.catalog / "patches", catalog / "patches")
+    (catalog / "dockerfiles").mkdir()
+    lines = (REPO_ROOT / "dockerfiles" / "builder.Dockerfile.j2").read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("FROM "))
+    lines.insert(at + 1, f"RUN echo {marker} && sleep 300\n")
+    (catalog / "dockerfiles" / "builder.Dockerfile.j2").write_text("".join(lines))
+    work = tmp_path / "work"
+    env = dict(os.environ, **dict(standin.env, PATCHER_CATALOG=str(catalog)))
+
+    def step_containers() -> list:
+        return [c for c in docker_client.containers.list(all=True) if marker in " ".join(c.attrs["Config"]["Cmd"] or [])]
+
+    proc = subprocess.Popen([sys.executable, "-m", "patcher", *standin.build_args(work)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not step_containers():
+            time.sleep(0.3)
+        assert proc.poll() is None and step_containers(), "the slow image step never started"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == InterruptedByUser.exit_code, stderr
+    assert "interrupted" in _one_line_error(stderr)
+    deadline = time.monotonic() + 30
+    while step_containers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert step_containers() == []
+    assert marker in (work / standin.build_id / "build.log").read_text()

@@ -123,3 +123,14 @@ def test_build_refuses_a_probe_wheelhouse_that_does_not_exist_before_any_work(tm
     assert proc.returncode == 2
     assert "--probe-wheelhouse" in proc.stderr and "does not exist" in proc.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_progress_of_a_stage_still_running_is_read_from_the_log():
+    log = ("==> configure (2026-11-30T02:50:34Z)\n==> configure done in 74.2 s: gcc\n"
+           "==> wheel (2026-11-30T02:51:49Z)\n[1/4] Generating ATen sources\n"
+           "[5/1255] Building CXX object c10.o\n[200/1255] Building CXX object x.o\n")
+    progress = record_run.progress_from_log(log, "2026-11-30T03:11:49Z")
+    assert progress["stage"] == "wheel" and progress["elapsed_s"] == 1200
+    assert progress["ninja_steps_done"] == 200 and progress["ninja_steps_total"] == 1255
+    assert progress["steps_per_minute"] == 10.0 and progress["minutes_left_at_that_rate"] == 106
+    assert record_run.progress_from_log(log + "==> wheel done in 3600.0 s: x.whl\n", "2026-11-30T04:00:00Z") is None

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -205,10 +206,39 @@ def collect_build(build_dir: Path, run_dir: Path, label: str) -> dict[str, Any]:
         out["wheel"] = {"name": wheel["name"], "sha256": actual, "size_bytes": path.stat().st_size}
     write_json(run_dir / f"record-{label}.json", record)
     log = build_dir / "build.log"
+    if log.is_file() and "wheel" not in out["completed_stages"]:
+        out["in_progress"] = progress_from_log(log.read_text(encoding="utf-8", errors="replace"), utc_now())
     if log.is_file():
         gzip_copy(log, run_dir / f"build-{label}.log.gz")
         out["log"] = {"file": f"build-{label}.log.gz", "sha256_uncompressed": sha256_file(log),
                       "lines": sum(1 for _ in open(log, "rb"))}
+    return out
+
+
+_STAGE_START = re.compile(r"^==> (\w+) \((\d{4}-\d\d-\d\dT[\d:]+Z)\)$", re.M)
+_STAGE_DONE = re.compile(r"^==> (\w+) done in ", re.M)
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\] ", re.M)
+
+
+def progress_from_log(text: str, now: str) -> dict[str, Any] | None:
+    """For a build still running (or stopped) in a stage: which stage, since when, and how far
+    ninja got ("[N/M]" lines), with the rate so far and the time left at that rate."""
+    starts = _STAGE_START.findall(text)
+    if not starts:
+        return None
+    stage, started = starts[-1]
+    if stage in _STAGE_DONE.findall(text):
+        return None
+    elapsed = _seconds_between(started, now) or 0.0
+    body = text[text.rfind(f"==> {stage} ("):]
+    steps = _NINJA_STEP.findall(body)
+    out: dict[str, Any] = {"stage": stage, "stage_started": started, "as_of": now, "elapsed_s": round(elapsed)}
+    if steps:
+        done, total = (int(x) for x in steps[-1])
+        out.update(ninja_steps_done=done, ninja_steps_total=total)
+        if elapsed > 0 and done:
+            rate = done / (elapsed / 60)
+            out.update(steps_per_minute=round(rate, 2), minutes_left_at_that_rate=round((total - done) / rate))
     return out
 
 
