@@ -103,6 +103,8 @@ class Settings:
                                   hint="unset PATCHER_CONFIG or create the file") from None
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+            except OSError as exc:
+                raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
         known = {f.name for f in fields(cls)} - {"overrides", "config_file"}
         unknown = set(data) - known - {"overrides"}
         if unknown:

@@ -143,6 +143,8 @@ def load_matrix(path: Path) -> dict[str, Any]:
         raise ConfigError(f"matrix file {path} does not exist", hint="check PATCHER_MATRIX") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"matrix file {path} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"matrix file {path} cannot be read: {exc.strerror}") from None
 
 
 def _version_key(v: str) -> tuple[int, ...]:

@@ -56,8 +56,8 @@ def _register() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
     try:
+        _register()
         cli.main(args=argv, prog_name="patcher", standalone_mode=False)
     except PatcherError as exc:
         click.echo(f"patcher: error: {exc}", err=True)
