@@ -118,6 +118,7 @@ CU_EXCLUDED_PREFIXES = ("caffe2/", "test/", "third_party/", "benchmarks/", "modu
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ERROR_LINE_RE = re.compile(r"(\berror\b|fatal error)", re.I)
+INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.M)
 COMPILE_EDGE_RE = re.compile(r"^build [^:]+\.o: (C|CXX)_COMPILER__", re.M)
 
 
@@ -147,6 +148,7 @@ class UnitResult:
     message: str = ""  # the compiler's first error line (fail), or why not built
     output: str = ""  # the compiler's output (warnings included), trimmed
     command: tuple[str, ...] = ()
+    via: str = ""  # the touched header this unit is compiled for (it includes it)
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ class BuildEstimate:
     jobs: int
     estimated_seconds: float | None
     method: str
+    estimated_seconds_cpp: float | None = None
+    estimated_seconds_cuda: float | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,7 @@ class CompileCheckReport:
 class TranslationUnit:
     path: str
     patches: tuple[str, ...]
+    via: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -231,9 +236,32 @@ def units_of_series(series, patch_ids: tuple[str, ...] = ()) -> tuple[list[Trans
         elif path.endswith(TU_SUFFIXES):
             units.append(TranslationUnit(path, ids_t))
         else:
-            kind = "header" if path.endswith((".h", ".hpp", ".cuh", ".inl")) else "not a translation unit"
+            kind = "header" if path.endswith(HEADER_SUFFIXES) else "not a translation unit"
             others.append({"path": path, "patches": ",".join(ids_t), "reason": kind})
     return units, others
+
+
+HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".inl")
+
+
+def include_spellings(header: str) -> set[str]:
+    """How sources may name a header in #include: each tail of its path of two or more parts."""
+    parts = header.split("/")
+    return {"/".join(parts[i:]) for i in range(len(parts) - 1)}
+
+
+def direct_includers(header: str, sources: dict[str, str]) -> list[str]:
+    """Units (path -> text) that #include ``header`` themselves, sorted by path."""
+    spellings = include_spellings(header)
+    directory, base = posixpath.split(header)
+    found = []
+    for path in sorted(sources):
+        for m in INCLUDE_RE.finditer(sources[path]):
+            name = m.group(1)
+            if name in spellings or (name == base and posixpath.dirname(path) == directory):
+                found.append(path)
+                break
+    return found
 
 
 def compile_entries(data: list[dict[str, Any]], root: str = CONTAINER_SRC) -> dict[str, dict[str, Any]]:
@@ -358,16 +386,18 @@ def estimate_full_build(units: list[UnitResult], cpp_steps: int, cuda_steps: int
 
     cpp = mean([u.seconds for u in units if u.status == "pass" and u.language == "c++"])
     cu = mean([u.seconds for u in units if u.status == "pass" and u.language == "cuda"])
-    total = None
+    total = part_cpp = part_cu = None
     if cpp is not None:
-        total = cpp * cpp_steps + (cu * cuda_steps if cu is not None else 0.0)
-        total = round(total / max(jobs, 1), 1)
+        part_cpp = round(cpp * cpp_steps / max(jobs, 1), 1)
+        part_cu = round(cu * cuda_steps / max(jobs, 1), 1) if cu is not None else None
+        total = round(part_cpp + (part_cu or 0.0), 1)
     method = (f"mean wall seconds per unit compiled here ({jobs} at a time) x compile steps of the real "
               f"build ({cpp_steps} C/C++ steps in build.ninja"
               + (f", {cuda_steps} .cu files of the tree a CUDA build compiles" if cu is not None else
                  ", CUDA steps not counted") + f") / {jobs} at a time; the units a patch touches are "
               "mostly ATen and JIT sources, heavier than the average step, so this estimate is high")
-    return BuildEstimate(cpp_steps, cuda_steps if cu is not None else 0, cpp, cu, jobs, total, method)
+    return BuildEstimate(cpp_steps, cuda_steps if cu is not None else 0, cpp, cu, jobs, total, method,
+                         part_cpp, part_cu)
 
 
 # --- the CUDA image ----------------------------------------------------------------------------------
@@ -691,6 +721,7 @@ class CompileCheck:
             compilers["nvcc"] = self._version(container, ["bash", "-c", "nvcc --version | tail -n 1"])
             self._write_cuda_headers(container, tree, gencode)
         host = f"g++-{spec.gcc}"
+        units = units + self._header_units(units, others, entries, tree, tree_paths)
         order_only: list[str] = []
         for unit in units:
             if unit.is_cuda:
@@ -727,10 +758,15 @@ class CompileCheck:
             compiler = compilers["nvcc"] if unit.is_cuda else compilers["c++"]
             self.log(f"{status} {unit.path} ({seconds:.0f} s)\n")
             return UnitResult(unit.path, "cuda" if unit.is_cuda else "c++", unit.patches, status, round(seconds, 1),
-                              compiler, flags_from, message, trim(output), tuple(argv))
+                              compiler, flags_from, message, trim(output), tuple(argv), unit.via)
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            compiled = iter(list(pool.map(compile_one, todo)))
+        # Not `with`: on Ctrl-C/SIGTERM the queued units are cancelled and the container goes at
+        # once (removing it ends the compiles still running), instead of waiting for all of them.
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        try:
+            compiled = iter([f.result() for f in [pool.submit(compile_one, plan) for plan in todo]])
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         results = [next(compiled) if not isinstance(p, UnitResult) else p for p in plans]
         self.durations["compile"] = round(time.monotonic() - compile_started, 1)
         self.durations["total"] = round(time.monotonic() - started, 1)
@@ -742,6 +778,41 @@ class CompileCheck:
             not_compiled=tuple(others), durations=dict(self.durations), estimate=estimate, notes=tuple(self.notes))
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _header_units(self, units: list[TranslationUnit], others: list[dict[str, str]],
+                      entries: dict[str, dict[str, Any]], tree: Path, tree_paths: list[str]) -> list[TranslationUnit]:
+        """For each touched header, one C/C++ unit of this build that includes it directly.
+
+        A unit the series touches is preferred (it is compiled anyway), then the header's own
+        source (same directory and name), then the first including unit by path that
+        compile_commands.json builds.
+        """
+        headers = [o for o in others if o["reason"] == "header"]
+        if not headers:
+            return []
+        sources: dict[str, str] = {}
+        for path in tree_paths:
+            if path.endswith(TU_SUFFIXES) and not path.endswith(CUDA_SUFFIXES) and path in entries:
+                try:
+                    sources[path] = (tree / path).read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+        compiled = {u.path for u in units}
+        extra: list[TranslationUnit] = []
+        for other in headers:
+            includers = direct_includers(other["path"], sources)
+            stem = posixpath.splitext(other["path"])[0]
+            chosen = (next((p for p in includers if p in compiled), None)
+                      or next((p for p in includers if posixpath.splitext(p)[0] == stem), None)
+                      or next(iter(includers), None))
+            if chosen is None:
+                other["reason"] = "header: no unit of this configuration includes it directly"
+                continue
+            other["reason"] = f"header: compiled through {chosen}"
+            if chosen not in compiled:
+                compiled.add(chosen)
+                extra.append(TranslationUnit(chosen, tuple(other["patches"].split(",")), via=other["path"]))
+        return extra
+
     @staticmethod
     def _rel(entry: dict[str, Any]) -> str:
         file = entry["file"]

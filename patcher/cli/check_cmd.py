@@ -65,7 +65,7 @@ def _progress(text: str) -> None:
 
 
 def _print(report: compilecheck.CompileCheckReport) -> None:
-    rows = [{"unit": u.path, "lang": u.language, "patches": ",".join(u.patches), "result": u.status,
+    rows = [{"unit": u.path + (f" (includes {u.via})" if u.via else ""), "lang": u.language, "patches": ",".join(u.patches), "result": u.status,
              "seconds": f"{u.seconds:.1f}", "first error": u.message or None} for u in report.units]
     click.echo(table(rows, ["unit", "lang", "patches", "result", "seconds", "first error"]))
     for other in report.not_compiled:
@@ -77,7 +77,10 @@ def _print(report: compilecheck.CompileCheckReport) -> None:
     click.echo(f"check: {d.get('total', 0):.0f} s ({steps})")
     if est.estimated_seconds is not None:
         ratio = est.estimated_seconds / d["total"] if d.get("total") else 0
-        click.echo(f"full build, estimated: {est.estimated_seconds / 60:.0f} min "
-                   f"({ratio:.1f}x the check): {est.method}")
+        parts = f"C/C++ {est.estimated_seconds_cpp / 60:.0f} min"
+        if est.estimated_seconds_cuda is not None:
+            parts += f" + CUDA {est.estimated_seconds_cuda / 60:.0f} min"
+        click.echo(f"full build, estimated: {est.estimated_seconds / 60:.0f} min ({parts}; {ratio:.1f}x the check): "
+                   f"{est.method}")
     for unit in report.failed:
         click.echo(f"\n--- {unit.path}: compiler output ---\n{unit.output.rstrip()}")
