@@ -472,7 +472,6 @@ class _Container:
     def __init__(self, client, image: str, env: dict[str, str], name: str, labels: dict[str, str],
                  timeout: float):
         self.client, self.timeout = client, timeout
-        self.env = env
         self.container = client.containers.create(
             image, command=["sleep", "infinity"], user="builder", environment=env, working_dir=CONTAINER_SRC,
             network_mode="none", init=True, labels=labels, name=name)
@@ -495,7 +494,13 @@ class _Container:
         return result.exit_code, output, seconds
 
     def read(self, path: str) -> bytes:
-        stream, _ = self.container.get_archive(path)
+        import docker
+
+        try:
+            stream, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            raise CompileCheckSetupError(f"{path} was not written in the container",
+                                         hint="did the configure run CMake?") from None
         buf = io.BytesIO(b"".join(stream))
         with tarfile.open(fileobj=buf) as tar:
             member = tar.next()
@@ -568,6 +573,9 @@ class CompileCheck:
         else:
             work = Path(opts.work) if opts.work else Path(self.settings.work_dir) / f"compile-check-{spec.build_id}"
             tree = (work / "source").absolute()
+            if not tree.exists() and (work / "record.json").is_file():
+                raise CompileCheckSetupError(f"the build in {work} has no source tree yet",
+                                             hint=f"run `patcher build --torch {spec.torch} --until patch` for it first")
             if not tree.exists():
                 self.log(f"fetching {spec.tag} into {tree}\n")
                 started = time.monotonic()
@@ -632,6 +640,8 @@ class CompileCheck:
             return self._run()
 
     def _run(self) -> CompileCheckReport:
+        import docker
+
         from patcher import builder
         from patcher import patches as patches_mod
         from patcher.source import run_git, tracked_files
@@ -679,8 +689,12 @@ class CompileCheck:
                 except Exception as exc:  # noqa: BLE001 - any engine failure is a setup failure
                     raise CompileCheckSetupError(f"cannot start the compile-check container: "
                                                  f"{getattr(exc, 'explanation', None) or exc}") from None
-                return self._in_container(container, spec, cuda_spec, units, others, tree, head, series,
-                                          tree_paths, image, cuda_image, jobs, started)
+                try:
+                    return self._in_container(container, spec, cuda_spec, units, others, tree, head, series,
+                                              tree_paths, image, cuda_image, jobs, started)
+                except docker.errors.DockerException as exc:
+                    raise CompileCheckSetupError(f"the compile-check container failed: "
+                                                 f"{getattr(exc, 'explanation', None) or exc}") from None
             finally:
                 if container is not None:
                     container.remove()

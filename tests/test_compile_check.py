@@ -233,6 +233,21 @@ def test_cli_refuses_unknown_patch_arch_without_cuda_and_unpatched_tree(patcher_
     res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--source", tmp_path / "nope")
     assert res.exit_code == 91 and "does not exist" in res.stderr
 
+    not_git = tmp_path / "plain"
+    not_git.mkdir()
+    res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--source", not_git)
+    assert res.exit_code == 91 and "is not the top of a git working tree" in res.stderr
+
+    build_work = tmp_path / "build-work"  # a build work dir whose build has not fetched yet
+    build_work.mkdir()
+    (build_work / "record.json").write_text("{}")
+    res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--work", build_work)
+    assert res.exit_code == 91 and "has no source tree yet" in res.stderr
+    assert sorted(p.name for p in build_work.iterdir()) == ["record.json"]
+
+    res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--jobs", "0")
+    assert res.exit_code == 91 and "--jobs must be at least 1" in res.stderr
+
     res = patcher_cli("check", "--compile", "--torch", "9.9.9")
     assert res.exit_code == 11  # the spec stage's own refusal
 
@@ -333,3 +348,15 @@ def test_cuda_image_dockerfile_passes_hadolint(tmp_path):
     proc = subprocess.run([str(binary), "--config", str(REPO / ".hadolint.yaml"), "--no-color", str(dockerfile)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.docker
+@pytest.mark.realtree
+def test_a_missing_builder_image_is_a_setup_error(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
+                                                  no_leaks):
+    patches.apply_series(patches.load_series(REPO / "patches", "1.13.1"), realtree_checkout)
+    res = patcher_cli("--config", realtree_mirror.config_file, "check", "--compile", "--torch", "1.13.1",
+                      "--cuda", "none", "--source", realtree_checkout, "--image", "patcher-test/no-such-image:1")
+    assert res.exit_code == 91, res.stderr
+    assert res.stderr.strip() == ("patcher: error: image patcher-test/no-such-image:1 does not exist (build it, "
+                                  "or leave out --image to render and build the builder)")

@@ -101,7 +101,16 @@ def check(id, torch=">=1.4", device="cpu", patches=(), required=True, isolate=Fa
 
 
 def registry():
-    return list(_REGISTRY)
+    """Checks in run order: by module in checks.MODULES, then declaration order. Sorted,
+    not taken in import order, because a caller may import one check module early."""
+    from .checks import MODULES
+
+    def position(indexed):
+        index, spec = indexed
+        name = spec.fn.__module__.rsplit(".", 1)[-1]
+        return (MODULES.index(name) if name in MODULES else len(MODULES), index)
+
+    return [spec for _, spec in sorted(enumerate(_REGISTRY), key=position)]
 
 
 def get(check_id):
