@@ -732,7 +732,7 @@ class CompileCheck:
             if not gencode:
                 raise CompileCheckSetupError(f"no entry of the arch list {cuda_spec.arch_list!r} can be compiled "
                                              f"by nvcc {debian['nvcc']}", hint="give --arch with older entries")
-            compilers["nvcc"] = self._version(container, ["bash", "-c", "nvcc --version | tail -n 1"])
+            compilers["nvcc"] = self._version(container, ["bash", "-c", "nvcc --version | grep -i release"])
             self._write_cuda_headers(container, tree, gencode)
         host = f"g++-{spec.gcc}"
         units = units + self._header_units(units, others, entries, tree, tree_paths)

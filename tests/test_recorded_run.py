@@ -109,11 +109,13 @@ def test_collect_without_a_record_is_one_line_and_exit_2(tmp_path):
 
 
 @pytest.mark.docker
-def test_ccache_stats_of_a_missing_volume_is_refused(tmp_path, docker_client, bullseye_base_image, no_leaks):
+def test_ccache_stats_and_container_of_missing_things_are_refused(tmp_path, docker_client, bullseye_base_image, no_leaks):
     out = tmp_path / "stats.json"
     code = record_run.main(["ccache-stats", "--volume", "patcher-no-such-volume-4f1c", "--image",
                             bullseye_base_image.tag, "--out", str(out)])
     assert code == 2 and not out.exists()
+    assert record_run.main(["container", "--name", "patcher-no-such-container-4f1c", "--out", str(out)]) == 2
+    assert not out.exists()
 
 
 def test_build_refuses_a_probe_wheelhouse_that_does_not_exist_before_any_work(tmp_path):

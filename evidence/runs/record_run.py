@@ -168,6 +168,32 @@ def read_ccache_stats(volume: str, image: str) -> dict[str, Any]:
             "summary": ccache_summary(stats), "ccache_s": human.rstrip("\n")}
 
 
+# --- a build container -----------------------------------------------------------------------------
+def read_container(name: str) -> dict[str, Any]:
+    """Times, exit status and patcher labels of a (finished) build container, from the engine."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        attrs = client.api.inspect_container(name)
+    except docker.errors.NotFound:
+        raise RecordError(f"container {name} does not exist") from None
+    except docker.errors.DockerException as exc:
+        raise RecordError(f"the Docker engine is not reachable: {exc}") from None
+    state = attrs["State"]
+    labels = attrs["Config"].get("Labels") or {}
+    finished = None if state.get("Running") else state.get("FinishedAt")
+    started = state.get("StartedAt")
+    trim = lambda s: s.split(".")[0] + "Z" if s and "." in s else s  # noqa: E731 - docker gives ns
+    out = {"name": attrs["Name"].lstrip("/"), "image": attrs["Config"].get("Image"),
+           "build_id": labels.get("org.patcher.build-id"), "stage": labels.get("org.patcher.stage"),
+           "work_dir": labels.get("org.patcher.work-dir"), "started": trim(started),
+           "finished": trim(finished), "running": bool(state.get("Running")), "paused": bool(state.get("Paused")),
+           "exit_code": None if state.get("Running") else state.get("ExitCode")}
+    out["wall_s"] = _seconds_between(out["started"], out["finished"])
+    return out
+
+
 # --- builds ---------------------------------------------------------------------------------------
 def utc_now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -300,6 +326,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         before = load_json(run_dir / "ccache-after-cold.json", "ccache stats")["stats"]
         after = load_json(run_dir / "ccache-after-warm.json", "ccache stats")["stats"]
         run["ccache_warm_build"] = ccache_delta(before, after)
+    if (run_dir / "cold-container.json").is_file():
+        run["cold_container"] = load_json(run_dir / "cold-container.json", "cold-container.json")
     probe = run_dir / "evidence" / (cold.get("wheel", {}).get("name", "") + ".probe.json")
     if args.probe_report:
         probe = Path(args.probe_report)
@@ -323,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     cc.add_argument("--volume", required=True)
     cc.add_argument("--image", required=True, help="an image that has ccache (the builder image)")
     cc.add_argument("--out", required=True)
+    ct = sub.add_parser("container", help="times and exit status of a build container, as JSON")
+    ct.add_argument("--name", required=True)
+    ct.add_argument("--out", required=True)
+    ct.add_argument("--note", action="append", default=None, help="a sentence kept with it (repeatable)")
     co = sub.add_parser("collect", help="gather the run's record into its folder")
     co.add_argument("--run-dir", required=True)
     co.add_argument("--cold", required=True, help="the cold build's directory (<work>/<build-id>)")
@@ -338,6 +370,13 @@ def main(argv: list[str] | None = None) -> int:
             result = read_ccache_stats(args.volume, args.image)
             write_json(Path(args.out), result)
             print(f"ccache {args.volume}: {json.dumps(result['summary'], sort_keys=True)}")
+        elif args.command == "container":
+            result = read_container(args.name)
+            if args.note:
+                result["notes"] = args.note
+            write_json(Path(args.out), result)
+            print(f"container {result['name']}: started {result['started']}, finished {result['finished']}, "
+                  f"exit {result['exit_code']}")
         else:
             run = collect(args)
             wheel = run["cold"].get("wheel") or {}
