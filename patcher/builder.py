@@ -674,6 +674,7 @@ class Builder:
                 try:
                     if self._needs_docker():
                         _ = self.client  # a bad engine fails now, before minutes of fetching
+                        self._check_leftover_containers()
                     self._run_stages()
                 except (KeyboardInterrupt, _Interrupted):
                     self.progress.note(f"interrupted; log kept in {self.log_path}")
@@ -948,6 +949,31 @@ class Builder:
     @property
     def ccache_volume(self) -> str:
         return self.options.ccache_volume or ccache_volume_name(self.spec)
+
+    def _check_leftover_containers(self) -> None:
+        """Containers labelled with this work directory can only be left by a patcher process that
+        died without cleanup (SIGKILL): this one holds the directory's lock.  A stopped one is
+        removed; a running one is still building into the ccache volume, so starting a second
+        build beside it is refused."""
+        import docker
+
+        try:
+            found = self.client.containers.list(all=True, filters={"label": f"{LABEL_WORK_DIR}={self.dir}"})
+        except docker.errors.APIError:
+            return
+        for container in found:
+            if container.status in ("running", "paused", "restarting"):
+                raise WorkDirError(
+                    f"container {container.name} of an earlier build in {self.dir} is still {container.status} "
+                    f"(its patcher process is gone)",
+                    hint=f"wait for it (docker wait {container.name}) or remove it "
+                         f"(docker rm -f {container.name}), then --resume")
+            self.progress.note(f"removing container {container.name} left {container.status} by an earlier "
+                               f"build in {self.dir}")
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
 
     def _jobs(self) -> int:
         if self.options.jobs:

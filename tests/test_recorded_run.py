@@ -136,3 +136,64 @@ def test_progress_of_a_stage_still_running_is_read_from_the_log():
     assert progress["ninja_steps_done"] == 200 and progress["ninja_steps_total"] == 1255
     assert progress["steps_per_minute"] == 10.0 and progress["minutes_left_at_that_rate"] == 106
     assert record_run.progress_from_log(log + "==> wheel done in 3600.0 s: x.whl\n", "2026-11-30T04:00:00Z") is None
+
+
+def test_an_orphaned_cold_container_gives_the_cold_wheel_time(tmp_path):
+    cold = _build_dir(tmp_path, "cold", {"configure": 74.2, "wheel": 900.0})  # wheel: the --resume re-run
+    warm = _build_dir(tmp_path, "warm", {"configure": 70.0, "wheel": 600.0})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "cold-container.json").write_text(json.dumps({"wall_s": 7240.0, "paused_s": 1240.0,
+                                                             "wall_s_minus_pause": 6000.0}))
+    assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold), "--warm", str(warm)]) == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["cold"]["wheel_stage_cold_s"] == 6000.0
+    assert run["cold"]["wheel_stage_rerun_from_full_ccache_s"] == 900.0
+    assert run["warm_vs_cold"]["wheel_cold_over_warm"] == 10.0
+
+
+# --- a build container left by a patcher process that was killed (what happened to this run) ----
+@pytest.mark.docker
+def test_resume_refuses_beside_a_running_leftover_container_and_removes_a_stopped_one(
+        standin, bullseye_base_image, docker_client, tmp_path, patcher_cli, no_leaks):
+    import shutil
+
+    from patcher.errors import WorkDirError
+
+    work = tmp_path / "work"
+    res = patcher_cli(*standin.build_args(work, "--until", "render"), env=standin.env)
+    assert res.exit_code == 0, res.stderr
+    build_dir = (work / standin.build_id).absolute()
+    leftover = docker_client.containers.run(
+        bullseye_base_image.tag, ["sleep", "300"], detach=True, network_mode="none",
+        name=f"patcher-test-leftover-{tmp_path.name[-12:]}", labels={"org.patcher.work-dir": str(build_dir),
+                                                                     "org.patcher.stage": "wheel"})
+    try:
+        res = patcher_cli(*standin.build_args(work, "--resume", "--until", "image"), env=standin.env)
+        assert res.exit_code == WorkDirError.exit_code, res.stderr
+        errors = [line for line in res.stderr.splitlines() if line.startswith("patcher: error:")]
+        assert len(errors) == 1 and "Traceback" not in res.stderr
+        assert f"container {leftover.name} of an earlier build" in errors[0] and "still running" in errors[0]
+        leftover.reload()
+        assert leftover.status == "running"  # never stopped by the refusal
+        record = json.loads((build_dir / "record.json").read_text())
+        assert record["completed_stages"][-1] == "render"
+
+        leftover.kill()
+        # A catalog whose template differs makes the image stage refuse at once (no image build):
+        # the stopped leftover must be gone by then.
+        catalog = tmp_path / "catalog"
+        shutil.copytree(standin.catalog / "patches", catalog / "patches")
+        shutil.copytree(REPO_ROOT / "dockerfiles", catalog / "dockerfiles")
+        template = catalog / "dockerfiles" / "builder.Dockerfile.j2"
+        template.write_text(template.read_text() + "# changed after render\n")
+        env = dict(standin.env, PATCHER_CATALOG=str(catalog))
+        res = patcher_cli(*standin.build_args(work, "--resume", "--until", "image"), env=env)
+        assert f"removing container {leftover.name} left exited" in res.stderr
+        assert res.exit_code == WorkDirError.exit_code and "rendered Dockerfile changed" in res.stderr
+        assert not docker_client.containers.list(all=True, filters={"label": f"org.patcher.work-dir={build_dir}"})
+    finally:
+        try:
+            leftover.remove(force=True)
+        except Exception:  # noqa: BLE001 - removed by the build, as asserted
+            pass

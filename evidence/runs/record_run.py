@@ -191,6 +191,16 @@ def read_container(name: str) -> dict[str, Any]:
            "finished": trim(finished), "running": bool(state.get("Running")), "paused": bool(state.get("Paused")),
            "exit_code": None if state.get("Running") else state.get("ExitCode")}
     out["wall_s"] = _seconds_between(out["started"], out["finished"])
+    # How far ninja got: its last "[N/M]" line, with the time the engine stamped on it.
+    tail = client.api.logs(name, stdout=True, stderr=True, timestamps=True, tail=200).decode("utf-8", "replace")
+    for line in reversed(tail.splitlines()):
+        stamp, _, text = line.partition(" ")
+        step = _NINJA_STEP.match(text)
+        if step:
+            out.update(ninja_steps_done=int(step.group(1)), ninja_steps_total=int(step.group(2)),
+                       ninja_last_step_at=stamp.split(".")[0] + "Z")
+            break
+    client.close()
     return out
 
 
@@ -306,28 +316,35 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     cold = collect_build(Path(args.cold), run_dir, "cold")
     cold["command"] = args.cold_command
     run["cold"] = cold
+    cold_wheel_s = cold["stage_durations_s"].get("wheel")
+    if (run_dir / "cold-container.json").is_file():
+        # The cold wheel stage ran in a container whose patcher process died: its time comes from
+        # the engine, and the record's wheel stage is the re-run from a filled ccache (--resume).
+        container = load_json(run_dir / "cold-container.json", "cold-container.json")
+        run["cold_container"] = container
+        cold.pop("in_progress", None)  # the log stopped with its patcher process; the engine knows more
+        cold_wheel_s = container.get("wall_s_minus_pause") or container.get("wall_s")
+        cold["wheel_stage_rerun_from_full_ccache_s"] = cold["stage_durations_s"].get("wheel")
+    cold["wheel_stage_cold_s"] = cold_wheel_s
     if args.warm:
         warm = collect_build(Path(args.warm), run_dir, "warm")
         warm["command"] = args.warm_command
         warm["changed_patch"] = args.warm_change
         run["warm"] = warm
         ratios: dict[str, Any] = {}
-        for stage in ("configure", "wheel"):
-            c, w = cold["stage_durations_s"].get(stage), warm["stage_durations_s"].get(stage)
+        for stage, c in (("configure", cold["stage_durations_s"].get("configure")), ("wheel", cold_wheel_s)):
+            w = warm["stage_durations_s"].get(stage)
             if c and w:
+                ratios[f"{stage}_cold_s"], ratios[f"{stage}_warm_s"] = c, w
                 ratios[f"{stage}_cold_over_warm"] = round(c / w, 2)
-        if cold["stages_total_s"] and warm["stages_total_s"]:
-            ratios["total_cold_over_warm"] = round(cold["stages_total_s"] / warm["stages_total_s"], 2)
         run["warm_vs_cold"] = ratios
-    for name, key in (("ccache-after-cold.json", "ccache_after_cold"), ("ccache-after-warm.json", "ccache_after_warm")):
-        if (run_dir / name).is_file():
-            run[key] = load_json(run_dir / name, name)["summary"]
-    if "ccache_after_cold" in run and "ccache_after_warm" in run:
-        before = load_json(run_dir / "ccache-after-cold.json", "ccache stats")["stats"]
-        after = load_json(run_dir / "ccache-after-warm.json", "ccache stats")["stats"]
-        run["ccache_warm_build"] = ccache_delta(before, after)
-    if (run_dir / "cold-container.json").is_file():
-        run["cold_container"] = load_json(run_dir / "cold-container.json", "cold-container.json")
+    # ccache snapshots in the order they were taken; each build's own counts are the differences
+    snapshots = [(name, load_json(run_dir / f"ccache-after-{name}.json", "ccache stats")["stats"])
+                 for name in ("cold", "resume", "warm") if (run_dir / f"ccache-after-{name}.json").is_file()]
+    for i, (name, stats) in enumerate(snapshots):
+        run[f"ccache_after_{name}"] = ccache_summary(stats)
+        if i:
+            run[f"ccache_{name}_build"] = ccache_delta(snapshots[i - 1][1], stats)
     probe = run_dir / "evidence" / (cold.get("wheel", {}).get("name", "") + ".probe.json")
     if args.probe_report:
         probe = Path(args.probe_report)
@@ -355,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ct.add_argument("--name", required=True)
     ct.add_argument("--out", required=True)
     ct.add_argument("--note", action="append", default=None, help="a sentence kept with it (repeatable)")
+    ct.add_argument("--paused-s", type=float, default=None,
+                    help="seconds the container spent paused (docker records no pause time)")
     co = sub.add_parser("collect", help="gather the run's record into its folder")
     co.add_argument("--run-dir", required=True)
     co.add_argument("--cold", required=True, help="the cold build's directory (<work>/<build-id>)")
@@ -374,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
             result = read_container(args.name)
             if args.note:
                 result["notes"] = args.note
+            if args.paused_s is not None:
+                result["paused_s"] = args.paused_s
+                if result["wall_s"] is not None:
+                    result["wall_s_minus_pause"] = round(result["wall_s"] - args.paused_s, 1)
             write_json(Path(args.out), result)
             print(f"container {result['name']}: started {result['started']}, finished {result['finished']}, "
                   f"exit {result['exit_code']}")

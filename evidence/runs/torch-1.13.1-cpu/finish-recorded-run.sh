@@ -7,7 +7,7 @@
 # without a probe image, wheelhouse or signing key.  At 03:13:40 UTC that `patcher build`
 # process ended without a word (killed with the session that started it; its log stops at
 # ninja step 200/1255) while its wheel container went on compiling into the ccache volume
-# (paused from about 03:13 to 03:35:55 UTC, then running again).  Nobody collects that
+# (paused from 03:14:44 to 03:35:27 UTC, then running again).  Nobody collects that
 # container's wheel, so this script:
 #   1. waits for the orphaned container to finish, records its times and exit status
 #      (cold-container.json), copies its wheel out for comparison, removes it;
@@ -37,7 +37,8 @@ if docker inspect "$ORPHAN" >/dev/null 2>&1; then
   gzip -n -c "$STATE/orphan.log" > "$RUN_DIR/build-cold-container.log.gz"
   $RECORD container --name "$ORPHAN" --out "$RUN_DIR/cold-container.json" \
     --note "the cold wheel stage's container, orphaned at 03:13:40 UTC when its patcher process was killed" \
-    --note "paused by the machine from about 03:13 to 03:35:55 UTC: wall_s includes that pause"
+    --note "paused from after 03:14:44 (its last line before the gap, ninja step 208) to 03:35:27 UTC (the engine's unpause event)" \
+    --paused-s 1243
   rm -rf "$STATE/orphan-out"
   docker cp "$ORPHAN:/out" "$STATE/orphan-out" || true
   sha256sum "$STATE"/orphan-out/*.whl > "$RUN_DIR/steps/00-orphan-wheel.sha256" 2>/dev/null || true
