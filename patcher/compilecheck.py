@@ -11,7 +11,8 @@ How one check runs (``patcher check --compile``):
    check's own work directory.
 3. One container of the builder image (the CPU builder of that release; for CUDA, an image
    derived from it with Debian's ``nvidia-cuda-toolkit``, rendered from
-   ``dockerfiles/compile-check-cuda.Dockerfile.j2``, built once and reused by its label) gets the
+   ``dockerfiles/compile-check-cuda.Dockerfile.j2``, built once and reused by its label; one made
+   from an older builder of the same build id is removed then) gets the
    tree and the pinned inputs exactly as the build stage copies them, with the build's own
    environment, no network, and ccache off (a cache hit would fake the timing).
 4. Configure: PyTorch's ``setup.py build --cmake-only`` (the build's configure stage), with
@@ -459,10 +460,31 @@ def ensure_cuda_image(client, rendered: RenderedCudaImage, on_log: Callable[[str
     as_dockerfile = RenderedDockerfile(text=rendered.text, sha256=rendered.key, image_tag=rendered.tag,
                                        build_id=rendered.labels[LABEL_CHECK], labels=rendered.labels)
     try:
-        return build_image(client.api, as_dockerfile, on_log=on_log), True
+        image_id = build_image(client.api, as_dockerfile, on_log=on_log)
     except ImageBuildError as exc:
         raise CompileCheckSetupError(f"the compile-check CUDA image: {exc.message}",
                                      hint="the builder base needs contrib/non-free in its Debian archive") from None
+    _remove_superseded(client, rendered, image_id)
+    return image_id, True
+
+
+def _remove_superseded(client, rendered: RenderedCudaImage, keep: str) -> None:
+    """Remove this build's older compile-check images (about 5 GB each, made from a builder that
+    has since changed); one still used by a container stays."""
+    import docker
+
+    build_id = rendered.labels[LABEL_CHECK]
+    try:
+        old = client.images.list(filters={"label": f"{LABEL_CHECK}={build_id}"})
+    except docker.errors.APIError:
+        return
+    for image in old:
+        if image.id == keep or (image.labels or {}).get(LABEL_KEY) == rendered.key:
+            continue
+        try:
+            client.images.remove(image.id, noprune=False)
+        except docker.errors.APIError:
+            continue
 
 
 # --- the check ---------------------------------------------------------------------------------------
