@@ -675,6 +675,7 @@ class Builder:
                     if self._needs_docker():
                         _ = self.client  # a bad engine fails now, before minutes of fetching
                         self._check_leftover_containers()
+                        self._forget_missing_image()
                     self._run_stages()
                 except (KeyboardInterrupt, _Interrupted):
                     self.progress.note(f"interrupted; log kept in {self.log_path}")
@@ -700,6 +701,9 @@ class Builder:
         state = self.state
         for stage in STAGES:
             if stage in state.completed_stages:
+                if stage == self.options.until:  # already there: --until never runs past its stage
+                    self.progress.note(f"{stage} was already done; stopped there as asked (--until)")
+                    break
                 continue
             if stage == "certify" and not _evidence_available():
                 break
@@ -974,6 +978,27 @@ class Builder:
                 container.remove(force=True)
             except docker.errors.NotFound:
                 pass
+
+    def _forget_missing_image(self) -> None:
+        """A resumed build whose builder image was removed meanwhile builds it again (from the same
+        pinned Dockerfile) instead of failing when its next container cannot be created."""
+        import docker
+
+        state = self.state
+        if "image" not in state.completed_stages or not state.image_id:
+            return
+        try:
+            self.client.images.get(state.image_id)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError:
+            return
+        self.progress.note(f"the builder image {state.image_tag} ({state.image_id[:19]}) is gone; "
+                           f"building it again")
+        state.completed_stages.remove("image")
+        state.image_id = None
+        state.image_reused = None
 
     def _jobs(self) -> int:
         if self.options.jobs:

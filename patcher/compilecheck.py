@@ -42,6 +42,8 @@ How one check runs (``patcher check --compile``):
 
 Exit codes: 0 when every unit compiles; CompileCheckFailedError (90) when one does not;
 CompileCheckSetupError (91) when the check itself cannot run (image, configure, codegen, tree).
+The stages it calls keep their own codes: an engine that cannot be reached (40/41), a spec the
+matrix refuses (1x), a fetch (2x) or a series that does not apply (3x).
 """
 
 from __future__ import annotations

@@ -360,3 +360,25 @@ def test_a_missing_builder_image_is_a_setup_error(patcher_cli, tmp_path, realtre
     assert res.exit_code == 91, res.stderr
     assert res.stderr.strip() == ("patcher: error: image patcher-test/no-such-image:1 does not exist (build it, "
                                   "or leave out --image to render and build the builder)")
+
+
+@pytest.mark.docker
+def test_a_superseded_cuda_image_of_the_same_build_is_removed(docker_client, bullseye_base_image):
+    import uuid
+
+    from tests.fixtures.docker_env import build_inline
+
+    build_id = f"test-prune-{uuid.uuid4().hex[:8]}"
+    made = []
+    try:
+        for key in ("old", "new"):
+            tag = f"patcher-test/compile-check-prune:{build_id}-{key}"
+            made.append(build_inline(docker_client, f"FROM {bullseye_base_image.tag}\n", tag,
+                                     {cc.LABEL_CHECK: build_id, cc.LABEL_KEY: key}))
+        rendered = cc.RenderedCudaImage(text="", key="new", tag="unused", labels={cc.LABEL_CHECK: build_id})
+        cc._remove_superseded(docker_client, rendered, keep=made[1])
+        left = {i.labels[cc.LABEL_KEY] for i in docker_client.images.list(filters={"label": f"{cc.LABEL_CHECK}={build_id}"})}
+        assert left == {"new"}
+    finally:
+        for image in docker_client.images.list(filters={"label": f"{cc.LABEL_CHECK}={build_id}"}):
+            docker_client.images.remove(image.id, force=True)

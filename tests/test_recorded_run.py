@@ -143,7 +143,7 @@ def test_an_orphaned_cold_container_gives_the_cold_wheel_time(tmp_path):
     warm = _build_dir(tmp_path, "warm", {"configure": 70.0, "wheel": 600.0})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "cold-container.json").write_text(json.dumps({"wall_s": 7240.0, "paused_s": 1240.0,
+    (run_dir / "cold-container.json").write_text(json.dumps({"wall_s": 7240.0, "paused_s": 1240.0, "exit_code": 0,
                                                              "wall_s_minus_pause": 6000.0}))
     assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold), "--warm", str(warm)]) == 0
     run = json.loads((run_dir / "run.json").read_text())
@@ -197,3 +197,68 @@ def test_resume_refuses_beside_a_running_leftover_container_and_removes_a_stoppe
             leftover.remove(force=True)
         except Exception:  # noqa: BLE001 - removed by the build, as asserted
             pass
+
+
+def test_a_cold_container_that_was_killed_gives_no_cold_wheel_time(tmp_path):
+    cold = _build_dir(tmp_path, "cold", {"configure": 74.2})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "cold-container.json").write_text(json.dumps({"wall_s": 3343.0, "exit_code": 137,
+                                                             "wall_s_minus_pause": 2100.0}))
+    assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold)]) == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["cold"]["wheel_stage_cold_s"] is None and run["cold_container"]["exit_code"] == 137
+
+
+def test_until_a_stage_already_done_stops_there(standin, tmp_path, patcher_cli):
+    """`--resume --until configure` on a build past configure must not go on into the wheel."""
+    work = tmp_path / "work"
+    assert patcher_cli(*standin.build_args(work, "--until", "render"), env=standin.env).exit_code == 0
+    before = (work / standin.build_id / "record.json").read_text()
+    res = patcher_cli(*standin.build_args(work, "--resume", "--until", "patch"), env=standin.env)
+    assert res.exit_code == 0, res.stderr
+    assert "patch was already done; stopped there as asked" in res.stderr
+    assert json.loads((work / standin.build_id / "record.json").read_text())["completed_stages"] == \
+        json.loads(before)["completed_stages"]
+
+
+@pytest.mark.docker
+def test_resume_builds_a_removed_builder_image_again(standin, docker_client, tmp_path, patcher_cli, no_leaks,
+                                                     ccache_volume_name):
+    """What this run met: the builder image was removed between the stages of one build."""
+    import shutil
+
+    from patcher.errors import WheelBuildError
+
+    # A minimal builder image (no toolchain): enough for the image stage, instant to build.
+    catalog = tmp_path / "catalog"
+    shutil.copytree(standin.catalog / "patches", catalog / "patches")
+    (catalog / "dockerfiles").mkdir()
+    (catalog / "dockerfiles" / "builder.Dockerfile.j2").write_text(
+        f"FROM {{{{ from_ref }}}}\nLABEL org.patcher.test-minimal={tmp_path.name[-12:]}\n")
+    env = dict(standin.env, PATCHER_CATALOG=str(catalog))
+    work = tmp_path / "work"
+    record_path = work / standin.build_id / "record.json"
+    image_ids = set()
+    try:
+        res = patcher_cli(*standin.build_args(work, "--until", "image"), env=env)
+        assert res.exit_code == 0, res.stderr
+        first = json.loads(record_path.read_text())["image_id"]
+        image_ids.add(first)
+        docker_client.images.remove(first, force=True)
+        # configure then fails (this image has no builder user), after the image stage ran again
+        res = patcher_cli(*standin.build_args(work, "--resume", "--until", "configure",
+                                              "--ccache-volume", ccache_volume_name), env=env)
+        assert "is gone; building it again" in res.stderr, res.stderr
+        assert "[image] done" in res.stderr
+        assert res.exit_code == WheelBuildError.exit_code, res.stderr
+        record = json.loads(record_path.read_text())
+        assert "image" in record["completed_stages"] and record["image_id"]
+        image_ids.add(record["image_id"])
+        docker_client.images.get(record["image_id"])  # it exists again
+    finally:
+        for image_id in image_ids:
+            try:
+                docker_client.images.remove(image_id, force=True)
+            except Exception:  # noqa: BLE001 - already removed above
+                pass

@@ -323,8 +323,11 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         container = load_json(run_dir / "cold-container.json", "cold-container.json")
         run["cold_container"] = container
         cold.pop("in_progress", None)  # the log stopped with its patcher process; the engine knows more
-        cold_wheel_s = container.get("wall_s_minus_pause") or container.get("wall_s")
-        cold["wheel_stage_rerun_from_full_ccache_s"] = cold["stage_durations_s"].get("wheel")
+        if container.get("exit_code") == 0:
+            cold_wheel_s = container.get("wall_s_minus_pause") or container.get("wall_s")
+            cold["wheel_stage_rerun_from_full_ccache_s"] = cold["stage_durations_s"].get("wheel")
+        else:  # it never finished: there is no cold wheel time
+            cold_wheel_s = None
     cold["wheel_stage_cold_s"] = cold_wheel_s
     if args.warm:
         warm = collect_build(Path(args.warm), run_dir, "warm")
