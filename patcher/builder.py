@@ -62,6 +62,7 @@ from patcher.errors import (
     WheelBuildError,
     WorkDirError,
 )
+from patcher.record import write_atomic
 from patcher.spec import Artifact, BuildSpec, resolve
 
 STAGES = ("resolve", "fetch", "patch", "render", "image", "configure", "wheel", "probe", "certify")
@@ -223,23 +224,6 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _evidence_available() -> bool:
