@@ -67,12 +67,15 @@ def test_unknown_suite_fails_cleanly(patcher_cli, docker_client, no_leaks):
     assert not docker_client.images.list(name="patcher-test/never")
 
 
-def test_unreachable_mirror_fails_cleanly(patcher_cli, no_leaks):
-    before = temp_dirs()
+def test_unreachable_mirror_fails_cleanly(patcher_cli, no_leaks, tmp_path):
+    # a private TMPDIR: other base-image runs on the machine must not count as leftovers
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
     res = patcher_cli("base-image", "--suite", "bullseye", "--tag", "patcher-test/never:made",
-                      "--mirror-url", f"http://127.0.0.1:{free_port()}/debian")
+                      "--mirror-url", f"http://127.0.0.1:{free_port()}/debian",
+                      env={"TMPDIR": str(private_tmp)})
     assert res.exit_code == 42 and "Traceback" not in res.stderr, res.stderr
-    assert temp_dirs() == before
+    assert list(private_tmp.iterdir()) == []
 
 
 def test_docker_unavailable(patcher_cli, tmp_path):

@@ -238,7 +238,8 @@ def test_interrupt_during_the_image_build_leaves_no_container(standin, tmp_path,
     env = dict(os.environ, **dict(standin.env, PATCHER_CATALOG=str(catalog)))
 
     def step_containers() -> list:
-        return [c for c in docker_client.containers.list(all=True) if marker in " ".join(c.attrs["Config"]["Cmd"] or [])]
+        # the low-level list: no per-container inspect that races with containers going away
+        return [c["Id"] for c in docker_client.api.containers(all=True) if marker in (c.get("Command") or "")]
 
     proc = subprocess.Popen([sys.executable, "-m", "patcher", *standin.build_args(work)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
