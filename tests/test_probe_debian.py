@@ -30,9 +30,11 @@ EXPECTED_DEBIAN = {
     "security.cve_2022_45907_bypass": ("fail", r"pytorch#151233", True),  # the open bypass
     "security.cve_2025_3730": ("pass", r"^$", False),
     "security.cve_2025_2953": ("fail", r"^killed by SIGFPE \(exit -8\)$", False),  # FACTS.md
-    # an out-of-bounds read: the signal depends on what lies past the table (SEGV or BUS)
-    "security.cve_2024_31580": ("fail", r"^killed by SIG(SEGV \(exit -11\)|BUS \(exit -7\))$", False),
-    "security.cve_2024_31583": ("fail", r"^killed by SIG(SEGV \(exit -11\)|BUS \(exit -7\))$", False),
+    # an out-of-bounds read: the signal depends on what lies past the table (SEGV, BUS, or
+    # ABRT when the allocator notices the damage first), or it survives and the check sees the
+    # unchecked operand used; either way the defect is found
+    "security.cve_2024_31580": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", False),
+    "security.cve_2024_31583": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", False),
 }
 for _id in all_check_ids():
     if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":
