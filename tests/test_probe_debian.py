@@ -33,8 +33,8 @@ EXPECTED_DEBIAN = {
     # an out-of-bounds read: the signal depends on what lies past the table (SEGV, BUS, or
     # ABRT when the allocator notices the damage first), or it survives and the check sees the
     # unchecked operand used; either way the defect is found
-    "security.cve_2024_31580": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", False),
-    "security.cve_2024_31583": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", False),
+    "security.cve_2024_31580": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", None),
+    "security.cve_2024_31583": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", None),
 }
 for _id in all_check_ids():
     if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":
@@ -64,7 +64,8 @@ def test_debian_torch_findings(debian_run):
         entry = found[check_id]
         assert entry["status"] == status, f"{check_id}: {entry['status']} {entry['message']}"
         assert re.search(pattern, entry["message"]), f"{check_id}: {entry['message']!r}"
-        assert entry["finding"] is finding, check_id
+        if finding is not None:  # None: a crash (not a finding) and a detected use (a finding) both count
+            assert entry["finding"] is finding, check_id
     required_failures = [c["id"] for c in report["checks"] if c["required"] and c["status"] in ("fail", "error")]
     assert report["passed"] is (not required_failures)
     assert result.exit_code == (0 if report["passed"] else 50), result.stderr
