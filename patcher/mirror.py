@@ -72,6 +72,9 @@ from patcher.errors import (
 from patcher.source import (
     GitCommandFailed,
     cache_repo,
+    gitlinks,
+    gitmodules,
+    has_commit,
     last_line,
     mirror_url,
     org_repo,
@@ -216,36 +219,9 @@ def normalize_project(name: str) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # git: reading pins and fetching them
-def _git(*args: str, cwd: Path | None = None, check: bool = True):
-    return run_git(*args, cwd=cwd, check=check)
-
-
-def has_commit(repo: Path, sha: str) -> bool:
-    return _git("cat-file", "-e", f"{sha}^{{commit}}", cwd=repo, check=False).returncode == 0
-
-
-def gitlinks(repo: Path, commit: str) -> dict[str, str]:
-    """path -> pinned SHA of every submodule (gitlink) in ``commit``'s tree."""
-    out = _git("ls-tree", "-r", "-z", commit, cwd=repo).stdout
-    links = {}
-    for entry in out.split("\0"):
-        if entry.startswith("160000 commit "):
-            meta, path = entry.split("\t", 1)
-            links[path] = meta.split()[2]
-    return links
-
-
 def gitmodules_urls(repo: Path, commit: str) -> dict[str, str]:
     """path -> url, as written in ``commit``'s .gitmodules (empty when it has none)."""
-    proc = _git("config", "-z", "--blob", f"{commit}:.gitmodules", "--get-regexp",
-                r"^submodule\..*\.(path|url)$", cwd=repo, check=False)
-    by_name: dict[str, dict[str, str]] = {}
-    for item in proc.stdout.split("\0") if proc.returncode == 0 else ():
-        if item:
-            key, _, value = item.partition("\n")
-            name, _, attr = key[len("submodule."):].rpartition(".")
-            by_name.setdefault(name, {})[attr] = value
-    return {v["path"]: v.get("url", "") for v in by_name.values() if "path" in v}
+    return {path: url for path, (_name, url) in gitmodules(repo, commit).items()}
 
 
 def _pack_bytes(repo: Path) -> dict[str, int]:
@@ -261,7 +237,7 @@ def _fetch(repo: Path, url: str, refspecs: list[str], what: str) -> int:
     """
     before = _pack_bytes(repo)
     try:
-        _git("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1", "-c", "gc.auto=0",
+        run_git("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1", "-c", "gc.auto=0",
              "-c", "maintenance.auto=false", "fetch", "-q", "--no-tags", "--no-write-fetch-head",
              url, *refspecs, cwd=repo)
     except GitCommandFailed as exc:
@@ -282,10 +258,10 @@ def init_bare(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.init-", dir=path.parent))
     try:
         # No template: no sample hooks; gc off and pinned SHAs servable to any client.
-        _git("init", "-q", "--bare", "--template=", str(tmp))
+        run_git("init", "-q", "--bare", "--template=", str(tmp))
         for key, value in (("gc.auto", "0"), ("uploadpack.allowReachableSHA1InWant", "true"),
                            ("core.logAllRefUpdates", "false")):
-            _git("config", key, value, cwd=tmp)
+            run_git("config", key, value, cwd=tmp)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,7 +306,7 @@ class _GitWalk:
             if not (repo / "HEAD").is_file():
                 self._problem(pin, "missing", f"repository {pin.mirror_path} is missing")
                 return None
-            found = _git("rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=repo, check=False).stdout.strip()
+            found = run_git("rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=repo, check=False).stdout.strip()
             if not found:
                 self._problem(pin, "missing", f"tag {pin.tag} is missing in {pin.mirror_path}")
             elif found != pin.commit:
@@ -338,7 +314,7 @@ class _GitWalk:
             return self._verify(repo, pin)
         source = self.fetch_from(pin.upstream)
         init_bare(repo)
-        current = _git("rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=repo, check=False).stdout.strip()
+        current = run_git("rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=repo, check=False).stdout.strip()
         if current == pin.commit and has_commit(repo, pin.commit):
             self.transferred.setdefault(pin.name, 0)
             return repo
@@ -346,16 +322,16 @@ class _GitWalk:
         staging = f"refs/patcher/incoming/{pin.tag}"
         got = _fetch(repo, source, [f"+refs/tags/{pin.tag}:{staging}"], f"tag {pin.tag}")
         self.transferred[pin.name] = self.transferred.get(pin.name, 0) + got
-        found = _git("rev-parse", f"{staging}^{{commit}}", cwd=repo).stdout.strip()
-        tag_object = _git("rev-parse", staging, cwd=repo).stdout.strip()
-        _git("update-ref", "-d", staging, cwd=repo)
+        found = run_git("rev-parse", f"{staging}^{{commit}}", cwd=repo).stdout.strip()
+        tag_object = run_git("rev-parse", staging, cwd=repo).stdout.strip()
+        run_git("update-ref", "-d", staging, cwd=repo)
         if found != pin.commit:
             raise TagMismatchError(
                 f"tag {pin.tag} in {source} points at {found}, but the pin is {pin.commit}: "
                 f"a moved tag is a supply-chain event, refusing it",
                 hint="investigate the source; only if the new commit is trusted, pin it in [overrides.tag_commits]")
-        _git("update-ref", ref, tag_object, cwd=repo)
-        _git("update-ref", PIN_REF_PREFIX + pin.commit, pin.commit, cwd=repo)
+        run_git("update-ref", ref, tag_object, cwd=repo)
+        run_git("update-ref", PIN_REF_PREFIX + pin.commit, pin.commit, cwd=repo)
         return repo
 
     # -- submodules, recursively -------------------------------------------------------------
@@ -392,7 +368,7 @@ class _GitWalk:
         init_bare(repo)
         pin_ref = PIN_REF_PREFIX + pin.commit
         if has_commit(repo, pin.commit):  # mirrored before (another version, another path)
-            _git("update-ref", pin_ref, pin.commit, cwd=repo)
+            run_git("update-ref", pin_ref, pin.commit, cwd=repo)
             self.transferred.setdefault(pin.name, 0)
             return repo
         source = self.fetch_from(pin.upstream)
@@ -404,7 +380,7 @@ class _GitWalk:
 
     def _tags_at(self, repo: Path, source: str, pin: GitPin) -> int:
         """The source's tags that name this commit (cheap: their objects are already here)."""
-        listing = _git("ls-remote", "--tags", source, cwd=repo, check=False)
+        listing = run_git("ls-remote", "--tags", source, cwd=repo, check=False)
         if listing.returncode != 0:
             return 0
         tags = set()
@@ -421,7 +397,7 @@ class _GitWalk:
         if not has_commit(repo, pin.commit):
             self._problem(pin, "missing", f"commit {pin.commit} is missing in {pin.mirror_path}")
             return None
-        proc = _git("rev-list", "--objects", pin.commit, cwd=repo, check=False)
+        proc = run_git("rev-list", "--objects", pin.commit, cwd=repo, check=False)
         if proc.returncode != 0:
             where = f"submodule {pin.path}" if pin.path else f"tag {pin.tag}"
             self._problem(pin, "corrupt", f"{pin.mirror_path} lacks objects of {pin.commit} "
@@ -1053,7 +1029,7 @@ def sync(spec: BuildSpec, settings: Settings, dest: Path, source: str | None = N
             items.append(SyncedItem("git", pin.name + (f" ({pin.path})" if pin.path else f" ({pin.tag})"),
                                     pin.commit, pin.mirror_path, "fetched" if got else "present", got))
         for repo in {dest / p.mirror_path for p in git_pins}:
-            _git("update-server-info", cwd=repo)  # so a plain web server can serve the mirror (dumb HTTP)
+            run_git("update-server-info", cwd=repo)  # so a plain web server can serve the mirror (dumb HTTP)
 
         # -- files by sha256
         for pin in _file_pins(spec):
@@ -1249,7 +1225,7 @@ def check(spec: BuildSpec, settings: Settings, mirror: Path) -> CheckReport:
             continue
         repo = mirror / pin.mirror_path
         if repo not in fsck_done:
-            proc = _git("fsck", "--no-dangling", "--no-progress", cwd=repo, check=False)
+            proc = run_git("fsck", "--no-dangling", "--no-progress", cwd=repo, check=False)
             fsck_done[repo] = "" if proc.returncode == 0 else last_line(proc.stderr or proc.stdout)
         if fsck_done[repo]:
             items.append(CheckedItem("git", label, pin.commit, pin.mirror_path, "corrupt",

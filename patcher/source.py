@@ -240,16 +240,16 @@ def _fetch_tag(cache: Path, url: str, tag: str) -> str:
     return run_git("rev-parse", f"{ref}^{{commit}}", cwd=cache).stdout.strip()
 
 
-def _has_commit(cache: Path, sha: str) -> bool:
+def has_commit(cache: Path, sha: str) -> bool:
     return run_git("cat-file", "-e", f"{sha}^{{commit}}", cwd=cache, check=False).returncode == 0
 
 
 def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
     """Make sure ``sha`` is in the cache; a commit already there is not fetched again."""
-    if _has_commit(cache, sha):
+    if has_commit(cache, sha):
         return
     first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, sha, cwd=cache, check=False)
-    if first.returncode == 0 and _has_commit(cache, sha):
+    if first.returncode == 0 and has_commit(cache, sha):
         return
     # Servers that refuse a want by SHA: is it reachable at all, and under any branch or tag?
     reach = run_git("ls-remote", "--heads", url, cwd=cache, check=False)
@@ -259,13 +259,13 @@ def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
     run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url,
             f"+refs/heads/*:refs/patcher/remotes/{org}/{repo}/heads/*",
             f"+refs/tags/*:refs/patcher/remotes/{org}/{repo}/tags/*", cwd=cache, check=False)
-    if not _has_commit(cache, sha):
+    if not has_commit(cache, sha):
         raise SubmoduleError(f"{what}: commit {sha} is not in {url} ({last_line(first.stderr)})",
                              hint=MIRROR_HINT)
 
 
 # --- submodules ------------------------------------------------------------------------------
-def _gitlinks(repo_dir: Path, commit: str) -> dict[str, str]:
+def gitlinks(repo_dir: Path, commit: str) -> dict[str, str]:
     """path -> pinned SHA of every submodule (gitlink) in ``commit``."""
     out = run_git("ls-tree", "-r", "-z", commit, cwd=repo_dir).stdout
     links = {}
@@ -276,7 +276,7 @@ def _gitlinks(repo_dir: Path, commit: str) -> dict[str, str]:
     return links
 
 
-def _gitmodules(repo_dir: Path, commit: str) -> dict[str, tuple[str, str]]:
+def gitmodules(repo_dir: Path, commit: str) -> dict[str, tuple[str, str]]:
     """path -> (submodule name, url) from the commit's .gitmodules."""
     proc = run_git("config", "-z", "--blob", f"{commit}:.gitmodules", "--get-regexp",
                    r"^submodule\..*\.(path|url)$", cwd=repo_dir, check=False)
@@ -298,10 +298,10 @@ def _fetch_submodules(settings: Settings, repo: Path, commit: str, parent_upstre
 
     Runs before anything is checked out, so a missing submodule fails fast and cheaply.
     """
-    links = _gitlinks(repo, commit)
+    links = gitlinks(repo, commit)
     if not links:
         return ()
-    modules = _gitmodules(repo, commit)
+    modules = gitmodules(repo, commit)
     records = []
     for path, sha in sorted(links.items()):
         shown = prefix + path
@@ -322,7 +322,7 @@ def _fetch_submodules(settings: Settings, repo: Path, commit: str, parent_upstre
 def _checkout_submodules(settings: Settings, repo_dir: Path, commit: str, parent_upstream: str,
                          records: tuple[SubmoduleRecord, ...], prefix: str = "") -> None:
     """Clone each submodule from its cache (local: hard links, no transfer), then point it at the mirror."""
-    modules = _gitmodules(repo_dir, commit)
+    modules = gitmodules(repo_dir, commit)
     for record in records:
         path = record.path[len(prefix):]
         name = modules[path][0]
