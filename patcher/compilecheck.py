@@ -68,14 +68,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import jinja2
-
 from patcher.config import Settings
+from patcher.dockerfile import render_template
 from patcher.errors import (
     CompileCheckFailedError,
     CompileCheckSetupError,
     ImageBuildError,
-    TemplateError,
 )
 from patcher.spec import CPU, BuildSpec, parse_arch_list, resolve
 
@@ -420,9 +418,6 @@ def render_cuda_image(spec: BuildSpec, builder_ref: str, settings: Settings, cud
         raise CompileCheckSetupError(
             f"no Debian CUDA compiler is known for base {spec.image.codename} of {spec.build_id}",
             hint="compile-check knows " + ", ".join(sorted(DEBIAN_CUDA)) + "; use --cuda none for C/C++ only")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(settings.dockerfiles_dir)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True, autoescape=False)
     labels = {LABEL_CHECK: spec.build_id, "org.patcher.compile-check.builder": builder_ref,
               "org.patcher.compile-check.nvcc": debian["nvcc"]}
     values = {
@@ -431,15 +426,7 @@ def render_cuda_image(spec: BuildSpec, builder_ref: str, settings: Settings, cud
         "apt_packages": list(debian["packages"]), "uid": 1000,
         "labels": {k: json.dumps(v) for k, v in labels.items()},
     }
-    try:
-        text = env.get_template(CUDA_TEMPLATE).render(**values)
-    except jinja2.TemplateNotFound:
-        raise TemplateError(f"template {settings.dockerfiles_dir / CUDA_TEMPLATE} does not exist",
-                            hint="check --catalog / PATCHER_CATALOG") from None
-    except jinja2.UndefinedError as exc:
-        raise TemplateError(f"template {CUDA_TEMPLATE}: {exc.message}") from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"template {exc.filename or CUDA_TEMPLATE}:{exc.lineno}: {exc.message}") from None
+    text = render_template(settings, CUDA_TEMPLATE, values)
     key = hashlib.sha256(text.encode()).hexdigest()
     return RenderedCudaImage(text=text, key=key, tag=f"{CUDA_IMAGE_REPO}:{key[:16]}",
                              labels={**labels, LABEL_KEY: key})

@@ -255,6 +255,19 @@ def _environment(settings: Settings) -> jinja2.Environment:
     )
 
 
+def render_template(settings: Settings, name: str, values: dict[str, Any]) -> str:
+    """Render the catalog's template ``name``; a missing or broken template is a TemplateError."""
+    try:
+        return _environment(settings).get_template(name).render(**values)
+    except jinja2.TemplateNotFound:
+        raise TemplateError(f"template {settings.dockerfiles_dir / name} does not exist",
+                            hint="check --catalog / PATCHER_CATALOG") from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(f"template {name}: {exc.message}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"template {exc.filename or name}:{exc.lineno}: {exc.message}") from None
+
+
 def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
     """Render the builder Dockerfile for ``spec``; refuses any unpinned input (exit 13)."""
     matrix = load_matrix(settings.matrix)
@@ -306,16 +319,7 @@ def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
         "env": {k: _label_value(v) for k, v in build_environment(spec, python_bin).items()},
         "labels": {k: _label_value(v) for k, v in labels.items()},
     }
-    try:
-        template = _environment(settings).get_template(TEMPLATE_NAME)
-        text = template.render(**values)
-    except jinja2.TemplateNotFound:
-        raise TemplateError(f"template {settings.dockerfiles_dir / TEMPLATE_NAME} does not exist",
-                            hint="check --catalog / PATCHER_CATALOG") from None
-    except jinja2.UndefinedError as exc:
-        raise TemplateError(f"template {TEMPLATE_NAME}: {exc.message}") from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"template {exc.filename or TEMPLATE_NAME}:{exc.lineno}: {exc.message}") from None
+    text = render_template(settings, TEMPLATE_NAME, values)
     sha = hashlib.sha256(text.encode()).hexdigest()
     return RenderedDockerfile(text=text, sha256=sha, image_tag=f"patcher-builder:{sha[:16]}",
                               build_id=spec.build_id, labels=labels, context_files=context_files)
