@@ -262,3 +262,50 @@ def test_resume_builds_a_removed_builder_image_again(standin, docker_client, tmp
                 docker_client.images.remove(image_id, force=True)
             except Exception:  # noqa: BLE001 - already removed above
                 pass
+
+
+def _failed_attempt(root: Path, name: str, stopped_at: float) -> Path:
+    import os
+
+    build = root / name / "torch-1.13.1-cpu.pt1-py3.9"
+    build.mkdir(parents=True)
+    (build / "build.log").write_text(
+        "==> configure (2026-11-30T05:20:00Z)\n==> configure done in 59.0 s: gcc\n==> wheel (2026-11-30T05:21:00Z)\n"
+        "[1/1255] Building CXX object c10.o\n[919/1255] Building CXX object flatbuffer_loader.cpp.o\n"
+        "patcher: error: wheel failed in the container (exit 1): mobile_bytecode_generated.h:2548: error\n")
+    os.utime(build / "build.log", (stopped_at, stopped_at))
+    (build / "record.json").write_text(json.dumps({
+        "build_id": build.name, "completed_stages": ["configure"], "stage_durations": {"configure": 59.0},
+        "patches": [{"id": "PT-0101"}]}))
+    return build
+
+
+def test_failed_cold_attempts_add_their_wheel_time_to_the_cold_time(tmp_path):
+    from datetime import datetime, timezone
+
+    stopped = datetime(2026, 11, 30, 6, 42, 40, tzinfo=timezone.utc).timestamp()  # 4,900 s after 05:21:00
+    attempt = _failed_attempt(tmp_path, "attempt", stopped)
+    cold = _build_dir(tmp_path, "cold", {"configure": 36.0, "wheel": 1500.0})
+    warm = _build_dir(tmp_path, "warm", {"configure": 36.0, "wheel": 640.0}, wheel_bytes=b"wheel2")
+    run_dir = tmp_path / "run"
+    assert record_run.main(["collect", "--run-dir", str(run_dir), "--cold", str(cold), "--warm", str(warm),
+                            "--cold-attempt", str(attempt)]) == 0
+    run = json.loads((run_dir / "run.json").read_text())
+    (part,) = run["cold_attempts"]
+    assert part["wheel_s"] == 4900.0 and part["ninja_steps_reached"] == 919 and part["ninja_steps_total"] == 1255
+    assert "mobile_bytecode_generated.h:2548" in part["error"]
+    assert run["cold"]["wheel_stage_final_attempt_s"] == 1500.0
+    assert run["cold"]["wheel_stage_cold_s"] == 6400.0
+    assert run["warm_vs_cold"]["wheel_cold_s"] == 6400.0 and run["warm_vs_cold"]["wheel_cold_over_warm"] == 10.0
+    assert (run_dir / "record-cold-attempt-1.json").is_file()
+    assert gzip.decompress((run_dir / "build-cold-attempt-1.log.gz").read_bytes()) == (attempt / "build.log").read_bytes()
+
+
+def test_a_cold_attempt_that_did_not_fail_in_its_wheel_stage_is_refused(tmp_path, capsys):
+    attempt = _failed_attempt(tmp_path, "attempt", 0)
+    (attempt / "build.log").write_text("==> configure (2026-11-30T05:20:00Z)\npatcher: error: configure failed\n")
+    cold = _build_dir(tmp_path, "cold", {"wheel": 1.0})
+    code = record_run.main(["collect", "--run-dir", str(tmp_path / "run"), "--cold", str(cold),
+                            "--cold-attempt", str(attempt)])
+    assert code == 2
+    assert "did not fail in its wheel stage" in capsys.readouterr().err

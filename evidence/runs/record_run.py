@@ -278,6 +278,36 @@ def progress_from_log(text: str, now: str) -> dict[str, Any] | None:
     return out
 
 
+_ERROR_LINE = re.compile(r"^patcher: error: (.*)$", re.M)
+
+
+def collect_failed_attempt(build_dir: Path, run_dir: Path, number: int) -> dict[str, Any]:
+    """An earlier attempt of the cold build that failed in its wheel stage, into the same ccache
+    volume: how long its wheel stage compiled, how far ninja got and why it stopped.  Its log's
+    last write is when it stopped (the record keeps no time for a stage that failed)."""
+    label = f"cold-attempt-{number}"
+    record = load_json(build_dir / "record.json", f"the {label} build record")
+    log = build_dir / "build.log"
+    if not log.is_file():
+        raise RecordError(f"the {label} build has no log {log}")
+    text = log.read_text(encoding="utf-8", errors="replace")
+    starts = dict(_STAGE_START.findall(text))
+    if "wheel" not in starts or "wheel" in _STAGE_DONE.findall(text):
+        raise RecordError(f"the {label} build {build_dir} did not fail in its wheel stage")
+    stopped = datetime.fromtimestamp(log.stat().st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    steps = _NINJA_STEP.findall(text[text.rfind("==> wheel ("):])
+    errors = _ERROR_LINE.findall(text)
+    write_json(run_dir / f"record-{label}.json", record)
+    gzip_copy(log, run_dir / f"build-{label}.log.gz")
+    return {"work_dir": str(build_dir), "patches": [p["id"] for p in record.get("patches", [])],
+            "stage_durations_s": record.get("stage_durations", {}), "wheel_started": starts["wheel"],
+            "wheel_stopped": stopped, "wheel_s": _seconds_between(starts["wheel"], stopped),
+            "ninja_steps_reached": int(steps[-1][0]) if steps else None,
+            "ninja_steps_total": int(steps[-1][1]) if steps else None,
+            "error": errors[-1][:400] if errors else None,
+            "log": {"file": f"build-{label}.log.gz", "sha256_uncompressed": sha256_file(log)}}
+
+
 def probe_summary(report_path: Path) -> dict[str, Any]:
     report = load_json(report_path, "the probe report")
     checks = [{"id": c["id"], "status": c["status"], "required": c["required"], "patches": c.get("patches", []),
@@ -328,6 +358,15 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
             cold["wheel_stage_rerun_from_full_ccache_s"] = cold["stage_durations_s"].get("wheel")
         else:  # it never finished: there is no cold wheel time
             cold_wheel_s = None
+    if args.cold_attempt:
+        # The cold build ran in parts: earlier attempts stopped in the wheel stage on a build
+        # error, were fixed by a patch, and the next one went on from the same ccache volume.
+        # Its cold wheel time is the sum of every part.
+        attempts = [collect_failed_attempt(Path(d), run_dir, i) for i, d in enumerate(args.cold_attempt, start=1)]
+        run["cold_attempts"] = attempts
+        if cold_wheel_s is not None:
+            cold["wheel_stage_final_attempt_s"] = cold_wheel_s
+            cold_wheel_s = round(sum(a["wheel_s"] for a in attempts) + cold_wheel_s, 3)
     cold["wheel_stage_cold_s"] = cold_wheel_s
     if args.warm:
         warm = collect_build(Path(args.warm), run_dir, "warm")
@@ -381,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     co.add_argument("--run-dir", required=True)
     co.add_argument("--cold", required=True, help="the cold build's directory (<work>/<build-id>)")
     co.add_argument("--cold-command", default=None)
+    co.add_argument("--cold-attempt", action="append", default=None,
+                    help="an earlier attempt of the cold build that failed in its wheel stage (repeatable, in order)")
     co.add_argument("--warm", default=None, help="the warm rebuild's directory")
     co.add_argument("--warm-command", default=None)
     co.add_argument("--warm-change", default=None, help="what was changed before the warm rebuild")
