@@ -256,6 +256,9 @@ def container_environment(spec: BuildSpec, jobs: int, source_date_epoch: int) ->
         "PYTHONHASHSEED": "0",
         "CFLAGS": flags,
         "CXXFLAGS": flags,
+        # distutils links extensions with sysconfig's LDSHARED (x86_64-linux-gnu-gcc on Debian's
+        # Python 3.9, a compiler the image does not have): CC alone does not change it there.
+        "LDSHARED": f"gcc-{spec.gcc} -pthread -shared",
         "CCACHE_DIR": CONTAINER_CCACHE,
         "CCACHE_BASEDIR": CONTAINER_SRC,
         "HOME": f"/home/{BUILD_USER}",
