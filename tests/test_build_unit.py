@@ -39,6 +39,8 @@ def test_container_environment_carries_pytorch_variables_and_reproducibility_set
     assert env["PYTHONHASHSEED"] == "0"
     assert env["CFLAGS"] == env["CXXFLAGS"] == "-ffile-prefix-map=/src=."
     assert "TORCH_CUDA_ARCH_LIST" not in env
+    # setup.py's extension link uses the image's compiler, not sysconfig's x86_64-linux-gnu-gcc
+    assert env["LDSHARED"] == f"gcc-{spec.gcc} -pthread -shared" == "gcc-10 -pthread -shared"
     # the matrix's CPU flags (FACTS.md) arrive through spec.build_env
     assert env["USE_SYSTEM_LIBS"] == "1" and env["USE_KINETO"] == "0" and env["BUILD_TEST"] == "0"
 
