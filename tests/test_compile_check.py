@@ -35,9 +35,15 @@ SERIES_UNITS = {
     "torch/csrc/jit/mobile/parse_bytecode.cpp": "c++",
     "aten/src/ATen/native/cuda/AdaptiveMaxPooling2d.cu": "cuda",
     "aten/src/ATen/native/cuda/GridSampler.cu": "cuda",
+    "torch/csrc/jit/serialization/export.cpp": "c++",
+    "torch/csrc/jit/serialization/onnx.cpp": "c++",
+    "torch/csrc/jit/passes/onnx/shape_type_inference.cpp": "c++",
 }
-# PT-0903 touches only a header; the check compiles the header's own source for it.
-HEADER_UNIT = "torch/csrc/profiler/kineto_shim.cpp"
+# PT-0903 and PT-0905 touch only a header each; the check compiles a unit that includes it.
+HEADER_UNITS = {
+    "torch/csrc/profiler/kineto_shim.cpp": "torch/csrc/profiler/kineto_shim.h",
+    "torch/csrc/jit/mobile/flatbuffer_loader.cpp": "torch/csrc/jit/serialization/mobile_bytecode_generated.h",
+}
 # A compile_commands.json entry as CMake 3.18 writes it for torch_cpu (shortened).
 ENTRY = {
     "directory": "/src/build",
@@ -282,9 +288,9 @@ def test_every_unit_of_the_1_13_1_series_compiles(patcher_cli, tmp_path, realtre
     assert res.exit_code == 0, res.stdout[-4000:] + res.stderr[-4000:]
     report = json.loads(report_path.read_text())
     assert {u["path"]: (u["language"], u["status"]) for u in report["units"]} == {
-        path: (lang, "pass") for path, lang in {**SERIES_UNITS, HEADER_UNIT: "c++"}.items()}
+        path: (lang, "pass") for path, lang in {**SERIES_UNITS, **dict.fromkeys(HEADER_UNITS, "c++")}.items()}
     via = {u["path"]: u["via"] for u in report["units"] if u["via"]}
-    assert via == {HEADER_UNIT: "torch/csrc/profiler/kineto_shim.h"}  # PT-0903 touches only that header
+    assert via == HEADER_UNITS
     reasons = {o["path"]: o["reason"] for o in report["not_compiled"]}
     assert reasons["aten/src/ATen/native/mkldnn/Utils.h"] == ("header: compiled through "
                                                               "aten/src/ATen/native/mkldnn/Utils.cpp")
