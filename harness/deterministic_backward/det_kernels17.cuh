@@ -1,0 +1,734 @@
+// Deterministic CUDA kernels for issue 17: adaptive/average pooling backward,
+// reflection/replication padding backward, linear/bilinear/bicubic/trilinear
+// interpolation backward, max_pool3d / fractional_max_pool2d/3d backward and
+// max_unpool2d/3d forward.
+//
+// Single source, like det_kernels.cuh: the H200 harness (det_ext.cu) compiles
+// it against torch 2.11 after det_accumulate.cuh; make_patches.py copies the
+// marked sections (after det_accumulate.cuh's det_common section) verbatim
+// into the torch 1.13.1 .cu files. The sections use only det_common, names
+// that exist in both torches (see det_accumulate.cuh) and gpuAtomicAdd
+// (ATen/cuda/Atomic.cuh, which every target file includes).
+//
+// Every gather kernel below runs one thread per grad_input element (walked in
+// grad_input's memory order), enumerates the outputs that feed it in
+// ascending order, sums in the accumulate type and stores once: bitwise
+// reproducible, no atomics, no scratch (interpolation keeps small per-axis
+// tables). grad_input is written in full (no zero fill needed).
+
+// BEGIN adaptive_avg_pool
+// Output cell o of an adaptive pooling axis (in -> out) covers input
+// [floor(o*in/out), ceil((o+1)*in/out)); input i is covered by output cells
+// [floor(i*out/in), ceil((i+1)*out/in)).
+__device__ __forceinline__ int64_t det_adaptive_begin(int64_t a, int64_t from, int64_t to) {
+  return (a * to) / from;
+}
+__device__ __forceinline__ int64_t det_adaptive_end(int64_t a, int64_t from, int64_t to) {
+  return ((a + 1) * to + from - 1) / from;
+}
+
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void adaptive_avg_pool_backward_deterministic_kernel(
+    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t ID = gi.size[2], IH = gi.size[3], IW = gi.size[4];
+  const int64_t OD = go.size[2], OH = go.size[3], OW = go.size[4];
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       linear < total; linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    const int64_t d = idx[2], h = idx[3], w = idx[4];
+    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    const int64_t od0 = det_adaptive_begin(d, ID, OD), od1 = det_adaptive_end(d, ID, OD);
+    const int64_t oh0 = det_adaptive_begin(h, IH, OH), oh1 = det_adaptive_end(h, IH, OH);
+    const int64_t ow0 = det_adaptive_begin(w, IW, OW), ow1 = det_adaptive_end(w, IW, OW);
+    opmath_t acc = static_cast<opmath_t>(0);
+    for (int64_t od = od0; od < od1; ++od) {
+      const int64_t kd = det_adaptive_end(od, OD, ID) - det_adaptive_begin(od, OD, ID);
+      for (int64_t oh = oh0; oh < oh1; ++oh) {
+        const int64_t kdh = kd * (det_adaptive_end(oh, OH, IH) - det_adaptive_begin(oh, OH, IH));
+        const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
+        for (int64_t ow = ow0; ow < ow1; ++ow) {
+          const int64_t k = kdh * (det_adaptive_end(ow, OW, IW) - det_adaptive_begin(ow, OW, IW));
+          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) / static_cast<opmath_t>(k);
+        }
+      }
+    }
+    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + d * gi.stride[2] +
+               h * gi.stride[3] + w * gi.stride[4]] = static_cast<scalar_t>(acc);
+  }
+}
+
+// grad_input: same shape as the pooling input (spatial = 2: [N,]C,H,W;
+// spatial = 3: [N,]C,D,H,W), any strides; written in full.
+static void adaptive_avg_pool_backward_deterministic(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_output, int spatial) {
+  const int64_t total = grad_input.numel();
+  if (total == 0) {
+    return;
+  }
+  const det_view5 gi = det_make_view5(grad_input, spatial);
+  const det_view5 go = det_make_view5(grad_output, spatial);
+  const det_walk5 walk = det_make_walk5(gi);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
+      "adaptive_avg_pool_backward_cuda_deterministic", [&] {
+        adaptive_avg_pool_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
+            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                total, walk, gi, go, grad_input.data_ptr<scalar_t>(),
+                grad_output.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+// END adaptive_avg_pool
+
+// BEGIN avg_pool3d
+// Output cell o of an axis covers input [o*stride - pad, o*stride - pad + k)
+// clipped to the input; input i is covered by cells
+// ceil((i + pad - k + 1) / stride) .. floor((i + pad) / stride).
+struct det_avg_pool3d_params {
+  int64_t k[3], s[3], p[3];
+  bool count_include_pad;
+  int64_t divisor_override;  // 0: none
+};
+
+__device__ __forceinline__ void det_pool_cover(
+    int64_t i, int64_t k, int64_t s, int64_t p, int64_t out, int64_t* lo, int64_t* hi) {
+  const int64_t a = i + p - k + 1;
+  *lo = a <= 0 ? 0 : (a + s - 1) / s;
+  const int64_t b = (i + p) / s;
+  *hi = b < out - 1 ? b : out - 1;
+}
+
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void avg_pool3d_backward_deterministic_kernel(
+    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_avg_pool3d_params prm,
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       linear < total; linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    int64_t lo[3], hi[3];
+    for (int a = 0; a < 3; ++a) {
+      det_pool_cover(idx[2 + a], prm.k[a], prm.s[a], prm.p[a], go.size[2 + a], &lo[a], &hi[a]);
+    }
+    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    opmath_t acc = static_cast<opmath_t>(0);
+    for (int64_t ot = lo[0]; ot <= hi[0]; ++ot) {
+      const int64_t t0 = ot * prm.s[0] - prm.p[0];
+      const int64_t t1 = ::min(t0 + prm.k[0], gi.size[2] + prm.p[0]);
+      const int64_t nt_pad = t1 - t0;
+      const int64_t nt = ::min(t1, gi.size[2]) - ::max(t0, int64_t(0));
+      for (int64_t oh = lo[1]; oh <= hi[1]; ++oh) {
+        const int64_t h0 = oh * prm.s[1] - prm.p[1];
+        const int64_t h1 = ::min(h0 + prm.k[1], gi.size[3] + prm.p[1]);
+        const int64_t nh_pad = h1 - h0;
+        const int64_t nh = ::min(h1, gi.size[3]) - ::max(h0, int64_t(0));
+        const scalar_t* row = gout + ot * go.stride[2] + oh * go.stride[3];
+        for (int64_t ow = lo[2]; ow <= hi[2]; ++ow) {
+          const int64_t w0 = ow * prm.s[2] - prm.p[2];
+          const int64_t w1 = ::min(w0 + prm.k[2], gi.size[4] + prm.p[2]);
+          int64_t divisor;
+          if (prm.divisor_override) {
+            divisor = prm.divisor_override;
+          } else if (prm.count_include_pad) {
+            divisor = nt_pad * nh_pad * (w1 - w0);
+          } else {
+            divisor = nt * nh * (::min(w1, gi.size[4]) - ::max(w0, int64_t(0)));
+          }
+          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) / static_cast<opmath_t>(divisor);
+        }
+      }
+    }
+    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + idx[2] * gi.stride[2] +
+               idx[3] * gi.stride[3] + idx[4] * gi.stride[4]] = static_cast<scalar_t>(acc);
+  }
+}
+
+// grad_input: [N,]C,T,H,W like the input, any strides; written in full.
+static void avg_pool3d_backward_deterministic(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_output,
+    int64_t kT, int64_t kH, int64_t kW, int64_t dT, int64_t dH, int64_t dW,
+    int64_t padT, int64_t padH, int64_t padW, bool count_include_pad,
+    int64_t divisor_override) {
+  const int64_t total = grad_input.numel();
+  if (total == 0) {
+    return;
+  }
+  det_avg_pool3d_params prm;
+  prm.k[0] = kT; prm.k[1] = kH; prm.k[2] = kW;
+  prm.s[0] = dT; prm.s[1] = dH; prm.s[2] = dW;
+  prm.p[0] = padT; prm.p[1] = padH; prm.p[2] = padW;
+  prm.count_include_pad = count_include_pad;
+  prm.divisor_override = divisor_override;
+  const det_view5 gi = det_make_view5(grad_input, 3);
+  const det_view5 go = det_make_view5(grad_output, 3);
+  const det_walk5 walk = det_make_walk5(gi);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
+      "avg_pool3d_backward_cuda_deterministic", [&] {
+        avg_pool3d_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
+            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                grad_output.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+// END avg_pool3d
+
+// BEGIN pad
+// Padding backward: grad_input[x] is the sum of grad_output over the output
+// positions whose source is x. Per axis those form at most three ranges:
+//   replication: source(o) = clamp(o - pad_l, 0, I - 1), so x receives
+//     [x + pad_l] inside, and everything left of / right of the input at the
+//     two edges;
+//   reflection (pad < I, one fold, the forward's closed form below): the
+//     direct position x + pad_l and its mirror images 2*pad_l - (x + pad_l)
+//     and 2*(I + pad_l - 1) - (x + pad_l), each kept if it maps back to x.
+// The ranges are disjoint and visited in ascending order.
+struct det_pad_params {
+  int64_t pad_l[3];  // D, H, W (0 for axes the op does not pad)
+  bool reflection;   // else replication
+};
+
+__device__ __forceinline__ int64_t det_reflect_source(int64_t o, int64_t in, int64_t pad_l) {
+  const int64_t i_start = pad_l < 0 ? -pad_l : 0;
+  const int64_t o_start = pad_l > 0 ? pad_l : 0;
+  const int64_t a = o - pad_l;
+  const int64_t b = o - (in + pad_l - 1);
+  return (a < 0 ? -a : a) - (b < 0 ? -b : b) - o + 2 * pad_l + in - 1 - o_start + i_start;
+}
+
+// Ranges [lo[k], hi[k]] of outputs (of size out) that feed input x (of size in).
+__device__ __forceinline__ int det_pad_sources(
+    bool reflection, int64_t x, int64_t in, int64_t out, int64_t pad_l, int64_t* lo, int64_t* hi) {
+  const int64_t u = x + pad_l;
+  if (!reflection) {
+    int64_t a = x == 0 ? 0 : u;
+    int64_t b = x == in - 1 ? out - 1 : u;
+    a = a < 0 ? 0 : a;
+    b = b > out - 1 ? out - 1 : b;
+    if (a > b) {
+      return 0;
+    }
+    lo[0] = a;
+    hi[0] = b;
+    return 1;
+  }
+  int64_t cand[3] = {2 * pad_l - u, u, 2 * (in + pad_l - 1) - u};  // ascending when pad < in
+  int n = 0;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t o = cand[k];
+    if (o < 0 || o >= out || det_reflect_source(o, in, pad_l) != x) {
+      continue;
+    }
+    bool seen = false;
+    for (int j = 0; j < n; ++j) {
+      seen = seen || lo[j] == o;
+    }
+    if (!seen) {
+      lo[n] = o;
+      hi[n] = o;
+      ++n;
+    }
+  }
+  // keep ascending order (a fixed order is all determinism needs; ascending is tidy)
+  for (int i = 1; i < n; ++i) {
+    for (int j = i; j > 0 && lo[j - 1] > lo[j]; --j) {
+      const int64_t t = lo[j - 1];
+      lo[j - 1] = lo[j];
+      lo[j] = t;
+      hi[j - 1] = lo[j - 1];
+      hi[j] = lo[j];
+    }
+  }
+  return n;
+}
+
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void pad_backward_deterministic_kernel(
+    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_pad_params prm,
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       linear < total; linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    int64_t lo[3][3], hi[3][3];
+    int nr[3];
+    for (int a = 0; a < 3; ++a) {
+      nr[a] = det_pad_sources(prm.reflection, idx[2 + a], gi.size[2 + a], go.size[2 + a],
+                              prm.pad_l[a], lo[a], hi[a]);
+    }
+    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    opmath_t acc = static_cast<opmath_t>(0);
+    for (int rd = 0; rd < nr[0]; ++rd) {
+      for (int64_t od = lo[0][rd]; od <= hi[0][rd]; ++od) {
+        for (int rh = 0; rh < nr[1]; ++rh) {
+          for (int64_t oh = lo[1][rh]; oh <= hi[1][rh]; ++oh) {
+            const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
+            for (int rw = 0; rw < nr[2]; ++rw) {
+              for (int64_t ow = lo[2][rw]; ow <= hi[2][rw]; ++ow) {
+                acc += static_cast<opmath_t>(row[ow * go.stride[4]]);
+              }
+            }
+          }
+        }
+      }
+    }
+    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + idx[2] * gi.stride[2] +
+               idx[3] * gi.stride[3] + idx[4] * gi.stride[4]] = static_cast<scalar_t>(acc);
+  }
+}
+
+// spatial = 1, 2, 3; pad_front/top/left are the leading pads of the padded
+// axes (D, H, W; the trailing pads follow from the sizes). grad_input is
+// written in full.
+static void pad_backward_deterministic(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_output, int spatial,
+    bool reflection, int64_t pad_front, int64_t pad_top, int64_t pad_left) {
+  const int64_t total = grad_input.numel();
+  if (total == 0) {
+    return;
+  }
+  det_pad_params prm;
+  prm.pad_l[0] = spatial >= 3 ? pad_front : 0;
+  prm.pad_l[1] = spatial >= 2 ? pad_top : 0;
+  prm.pad_l[2] = pad_left;
+  prm.reflection = reflection;
+  const det_view5 gi = det_make_view5(grad_input, spatial);
+  const det_view5 go = det_make_view5(grad_output, spatial);
+  const det_walk5 walk = det_make_walk5(gi);
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
+      "pad_backward_cuda_deterministic", [&] {
+        pad_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
+            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+                total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                grad_output.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+// END pad
+
+// BEGIN upsample
+// Linear/bilinear/trilinear and bicubic interpolation backward.
+//
+// The forward reads, for output position o of an axis, K input taps
+// (linear: i0 and i0 + (i0 < I-1), K = 2; cubic: clamp(floor(src) - 1 + k),
+// K = 4) with weights that depend on o only. A first small kernel (one block
+// per axis) evaluates the taps and weights of every output position with the
+// forward's arithmetic, and for every input position i the range of outputs
+// whose taps include it: the lowest and highest taps are non-decreasing in o,
+// so that range is contiguous and found by binary search. The gather kernel
+// then sums, per grad_input element, grad_output * (weights of the matching
+// taps) over that range, axis by axis, in ascending order.
+#define DET_INTERP_MAX_TAPS 4
+
+struct det_interp_axis {
+  int64_t in, out;     // sizes
+  int kind;            // 0: identity (in == out copy), 1: linear, 2: cubic
+  int taps;            // K
+  int64_t tap_offset;  // into the tap tables: out * DET_INTERP_MAX_TAPS entries
+  int64_t range_offset;  // into the range table: 2 * in entries
+};
+
+template <typename opmath_t>
+struct det_interp_params {
+  det_interp_axis axis[3];  // D, H, W
+  opmath_t scale[3];        // as the forward computes it (area_pixel_compute_scale)
+  bool align_corners;
+};
+
+template <typename opmath_t>
+__device__ __forceinline__ opmath_t det_interp_source(
+    opmath_t scale, int64_t o, bool align_corners, bool cubic) {
+  if (align_corners) {
+    return scale * static_cast<opmath_t>(o);
+  }
+  const opmath_t src = scale * (static_cast<opmath_t>(o) + static_cast<opmath_t>(0.5)) -
+      static_cast<opmath_t>(0.5);
+  return (!cubic && src < static_cast<opmath_t>(0)) ? static_cast<opmath_t>(0) : src;
+}
+
+// Keys' cubic convolution kernel with A = -0.75 (the forward's coefficients).
+template <typename opmath_t>
+__device__ __forceinline__ void det_cubic_weights(opmath_t t, opmath_t* c) {
+  const opmath_t A = static_cast<opmath_t>(-0.75);
+  const opmath_t one = static_cast<opmath_t>(1);
+  const opmath_t x0 = t + one;          // |x| in [1, 2)
+  const opmath_t x1 = t;                // [0, 1)
+  const opmath_t x2 = one - t;          // [0, 1)
+  const opmath_t x3 = (one - t) + one;  // [1, 2)
+  c[0] = ((A * x0 - 5 * A) * x0 + 8 * A) * x0 - 4 * A;
+  c[1] = ((A + 2) * x1 - (A + 3)) * x1 * x1 + 1;
+  c[2] = ((A + 2) * x2 - (A + 3)) * x2 * x2 + 1;
+  c[3] = ((A * x3 - 5 * A) * x3 + 8 * A) * x3 - 4 * A;
+}
+
+template <typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void upsample_backward_deterministic_tables_kernel(
+    const det_interp_params<opmath_t> prm,
+    int* __restrict__ tap_index, opmath_t* __restrict__ tap_weight, int* __restrict__ ranges) {
+  const det_interp_axis ax = prm.axis[blockIdx.x];
+  const opmath_t scale = prm.scale[blockIdx.x];
+  int* tidx = tap_index + ax.tap_offset;
+  opmath_t* tw = tap_weight + ax.tap_offset;
+  for (int64_t o = threadIdx.x; o < ax.out; o += blockDim.x) {
+    int* ti = tidx + o * DET_INTERP_MAX_TAPS;
+    opmath_t* wt = tw + o * DET_INTERP_MAX_TAPS;
+    if (ax.kind == 0) {
+      ti[0] = static_cast<int>(o);
+      wt[0] = static_cast<opmath_t>(1);
+    } else if (ax.kind == 1) {
+      const opmath_t src = det_interp_source(scale, o, prm.align_corners, false);
+      const int64_t i0 = static_cast<int64_t>(src);  // src >= 0: truncation is floor
+      const int64_t step = i0 < ax.in - 1 ? 1 : 0;
+      const opmath_t l1 = src - static_cast<opmath_t>(i0);
+      ti[0] = static_cast<int>(i0);
+      ti[1] = static_cast<int>(i0 + step);
+      wt[0] = static_cast<opmath_t>(1) - l1;
+      wt[1] = l1;
+    } else {
+      const opmath_t src = det_interp_source(scale, o, prm.align_corners, true);
+      const opmath_t fl = ::floor(src);
+      const int64_t i0 = static_cast<int64_t>(fl);
+      opmath_t c[4];
+      det_cubic_weights(src - fl, c);
+      for (int k = 0; k < 4; ++k) {
+        int64_t t = i0 - 1 + k;
+        t = t < 0 ? 0 : (t > ax.in - 1 ? ax.in - 1 : t);
+        ti[k] = static_cast<int>(t);
+        wt[k] = c[k];
+      }
+    }
+  }
+  __syncthreads();  // the taps above are read back by other threads of this block
+  int* rg = ranges + ax.range_offset;
+  for (int64_t i = threadIdx.x; i < ax.in; i += blockDim.x) {
+    // first o with highest tap >= i
+    int64_t a = 0, b = ax.out;
+    while (a < b) {
+      const int64_t m = (a + b) / 2;
+      if (tidx[m * DET_INTERP_MAX_TAPS + ax.taps - 1] >= i) {
+        b = m;
+      } else {
+        a = m + 1;
+      }
+    }
+    const int64_t begin = a;
+    // first o with lowest tap > i
+    b = ax.out;
+    while (a < b) {
+      const int64_t m = (a + b) / 2;
+      if (tidx[m * DET_INTERP_MAX_TAPS] > i) {
+        b = m;
+      } else {
+        a = m + 1;
+      }
+    }
+    rg[2 * i] = static_cast<int>(begin);
+    rg[2 * i + 1] = static_cast<int>(a);
+  }
+}
+
+template <typename opmath_t>
+__device__ __forceinline__ opmath_t det_interp_weight(
+    const int* ti, const opmath_t* wt, int taps, int64_t i) {
+  opmath_t w = static_cast<opmath_t>(0);
+  for (int k = 0; k < taps; ++k) {
+    if (ti[k] == i) {
+      w += wt[k];
+    }
+  }
+  return w;
+}
+
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void upsample_backward_deterministic_gather_kernel(
+    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_interp_params<opmath_t> prm,
+    const int* __restrict__ tap_index, const opmath_t* __restrict__ tap_weight,
+    const int* __restrict__ ranges,
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int* ti_d = tap_index + prm.axis[0].tap_offset;
+  const int* ti_h = tap_index + prm.axis[1].tap_offset;
+  const int* ti_w = tap_index + prm.axis[2].tap_offset;
+  const opmath_t* tw_d = tap_weight + prm.axis[0].tap_offset;
+  const opmath_t* tw_h = tap_weight + prm.axis[1].tap_offset;
+  const opmath_t* tw_w = tap_weight + prm.axis[2].tap_offset;
+  const int kd = prm.axis[0].taps, kh = prm.axis[1].taps, kw = prm.axis[2].taps;
+  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       linear < total; linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    const int64_t d = idx[2], h = idx[3], w = idx[4];
+    const int* rd = ranges + prm.axis[0].range_offset + 2 * d;
+    const int* rh = ranges + prm.axis[1].range_offset + 2 * h;
+    const int* rw = ranges + prm.axis[2].range_offset + 2 * w;
+    const int rw0 = rw[0], rw1 = rw[1];
+    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    opmath_t acc = static_cast<opmath_t>(0);
+    for (int od = rd[0]; od < rd[1]; ++od) {
+      const opmath_t wd = det_interp_weight(ti_d + od * DET_INTERP_MAX_TAPS,
+                                            tw_d + od * DET_INTERP_MAX_TAPS, kd, d);
+      for (int oh = rh[0]; oh < rh[1]; ++oh) {
+        const opmath_t wdh = wd * det_interp_weight(ti_h + oh * DET_INTERP_MAX_TAPS,
+                                                    tw_h + oh * DET_INTERP_MAX_TAPS, kh, h);
+        const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
+        for (int ow = rw0; ow < rw1; ++ow) {
+          const opmath_t ww = det_interp_weight(ti_w + ow * DET_INTERP_MAX_TAPS,
+                                                tw_w + ow * DET_INTERP_MAX_TAPS, kw, w);
+          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) * (wdh * ww);
+        }
+      }
+    }
+    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + d * gi.stride[2] +
+               h * gi.stride[3] + w * gi.stride[4]] = static_cast<scalar_t>(acc);
+  }
+}
+
+// spatial = 1 (linear), 2 (bilinear / bicubic), 3 (trilinear); cubic only
+// with spatial = 2. scales: the forward's per-axis scales (D, H, W; as
+// area_pixel_compute_scale returns them, in the accumulate type), unused axes
+// ignored. When every axis has the same size in and out the forward copies;
+// so does this. grad_input is written in full.
+template <typename scalar_t, typename opmath_t>
+static void upsample_backward_deterministic_run(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_output, int spatial,
+    bool cubic, bool align_corners, const double* scales) {
+  const int64_t total = grad_input.numel();
+  const det_view5 gi = det_make_view5(grad_input, spatial);
+  const det_view5 go = det_make_view5(grad_output, spatial);
+  bool same = true;
+  for (int a = 0; a < 3; ++a) {
+    same = same && gi.size[2 + a] == go.size[2 + a];
+  }
+  det_interp_params<opmath_t> prm;
+  prm.align_corners = align_corners;
+  int64_t taps_total = 0, ranges_total = 0;
+  for (int a = 0; a < 3; ++a) {
+    det_interp_axis& ax = prm.axis[a];
+    ax.in = gi.size[2 + a];
+    ax.out = go.size[2 + a];
+    const bool used = a >= 3 - spatial;
+    ax.kind = (!used || same) ? 0 : (cubic ? 2 : 1);
+    ax.taps = ax.kind == 0 ? 1 : (ax.kind == 1 ? 2 : 4);
+    ax.tap_offset = taps_total;
+    ax.range_offset = ranges_total;
+    taps_total += ax.out * DET_INTERP_MAX_TAPS;
+    ranges_total += 2 * ax.in;
+    prm.scale[a] = static_cast<opmath_t>(scales[a]);  // exact: scales[a] came from opmath_t
+  }
+  TORCH_CHECK(taps_total < std::numeric_limits<int>::max() &&
+              ranges_total < std::numeric_limits<int>::max(),
+              "upsample backward (deterministic): sizes too large");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  c10::DataPtr tap_index = allocator->allocate(taps_total * sizeof(int));
+  c10::DataPtr tap_weight = allocator->allocate(taps_total * sizeof(opmath_t));
+  c10::DataPtr ranges = allocator->allocate(ranges_total * sizeof(int));
+  upsample_backward_deterministic_tables_kernel<opmath_t><<<3, 256, 0, stream>>>(
+      prm, static_cast<int*>(tap_index.get()), static_cast<opmath_t*>(tap_weight.get()),
+      static_cast<int*>(ranges.get()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const det_walk5 walk = det_make_walk5(gi);
+  upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t>
+      <<<det_blocks(total), 256, 0, stream>>>(
+          total, walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
+          static_cast<const opmath_t*>(tap_weight.get()),
+          static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
+          grad_output.data_ptr<scalar_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // scratch returns to the stream-ordered caching allocator when the DataPtrs go
+}
+
+// spatial = 1 (linear), 2 (bilinear / bicubic), 3 (trilinear); cubic only
+// with spatial = 2. scale_d/h/w: the forward's per-axis scales (unused axes
+// ignored) as area_pixel_compute_scale<accumulate type> returns them, widened
+// to double (narrowed back exactly). When every axis has the same size in and
+// out the forward copies; so does this. grad_input is written in full.
+static void upsample_backward_deterministic(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_output, int spatial,
+    bool cubic, bool align_corners, double scale_d, double scale_h, double scale_w) {
+  if (grad_input.numel() == 0) {
+    return;
+  }
+  const double scales[3] = {scale_d, scale_h, scale_w};
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
+      "upsample_backward_cuda_deterministic", [&] {
+        upsample_backward_deterministic_run<scalar_t, at::opmath_type<scalar_t>>(
+            grad_input, grad_output, spatial, cubic, align_corners, scales);
+      });
+}
+// END upsample
+
+// BEGIN index_scatter
+// Backward of a pooling whose forward recorded an argmax per output cell
+// (max_pool3d, fractional_max_pool2d/3d): grad_input[plane, indices[o]] +=
+// grad_output[o]. Contributions are routed by data, so this uses the
+// fixed-point primitive of det_common: any order of the integer atomics gives
+// the same bits. max_hits bounds how many output cells can share one argmax
+// (windows covering one input element).
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void index_scatter_backward_deterministic_kernel(
+    const int64_t total_out, const int64_t out_plane, const int64_t in_plane,
+    const scalar_t* __restrict__ grad_output, const int64_t* __restrict__ indices,
+    unsigned long long* __restrict__ acc, scalar_t* __restrict__ grad_input,
+    const unsigned long long* __restrict__ state, const int log2_hits,
+    const det_divmod_u32 div_out_plane, const bool small) {
+  const int shift = det_fixed_point_shift(*state, log2_hits);
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total_out;
+       o += stride) {
+    const int64_t target = indices[o];
+    if (target < 0 || target >= in_plane) {
+      continue;  // not a valid argmax; the atomic kernel would fault
+    }
+    const int64_t plane = small ? static_cast<int64_t>(div_out_plane.div(static_cast<uint32_t>(o)))
+                                : o / out_plane;
+    const int64_t e = plane * in_plane + target;
+    det_fixed_point_add(acc + e, grad_input + e, static_cast<opmath_t>(grad_output[o]), shift);
+  }
+}
+
+// grad_input_c, grad_output_c, indices_c contiguous (planes x in_plane,
+// planes x out_plane); grad_input_c is written in full.
+static void index_scatter_backward_deterministic(
+    const at::TensorBase& grad_input_c, const at::TensorBase& grad_output_c,
+    const at::TensorBase& indices_c, int64_t planes, int64_t in_plane, int64_t out_plane,
+    int64_t max_hits) {
+  const int64_t total_in = planes * in_plane;
+  const int64_t total_out = planes * out_plane;
+  if (total_in == 0) {
+    return;
+  }
+  auto stream = at::cuda::getCurrentCUDAStream();
+  auto* allocator = c10::cuda::CUDACachingAllocator::get();
+  if (max_hits > out_plane) {
+    max_hits = out_plane;
+  }
+  const int log2_hits = det_ceil_log2(max_hits < 1 ? 1 : max_hits);
+  c10::DataPtr state = allocator->allocate(sizeof(unsigned long long));
+  c10::DataPtr acc = allocator->allocate(total_in * sizeof(unsigned long long));
+  C10_CUDA_CHECK(cudaMemsetAsync(state.get(), 0, sizeof(unsigned long long), stream));
+  const bool small = total_out <= static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
+  const det_divmod_u32 div_out_plane(
+      static_cast<uint32_t>(small && out_plane > 0 ? out_plane : 1));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input_c.scalar_type(),
+      "index_scatter_backward_cuda_deterministic", [&] {
+        using opmath_t = at::opmath_type<scalar_t>;
+        det_fixed_point_prepare_kernel<scalar_t, opmath_t>
+            <<<det_blocks(std::max(total_in, total_out)), 256, 0, stream>>>(
+                grad_output_c.data_ptr<scalar_t>(), total_out,
+                static_cast<unsigned long long*>(acc.get()), total_in,
+                grad_input_c.data_ptr<scalar_t>(), total_in,
+                static_cast<unsigned long long*>(state.get()));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (total_out > 0) {
+          index_scatter_backward_deterministic_kernel<scalar_t, opmath_t>
+              <<<det_blocks(total_out), 256, 0, stream>>>(
+                  total_out, out_plane, in_plane, grad_output_c.data_ptr<scalar_t>(),
+                  indices_c.data_ptr<int64_t>(), static_cast<unsigned long long*>(acc.get()),
+                  grad_input_c.data_ptr<scalar_t>(),
+                  static_cast<const unsigned long long*>(state.get()), log2_hits, div_out_plane,
+                  small);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+        det_fixed_point_finish_kernel<scalar_t, opmath_t>
+            <<<det_blocks(total_in), 256, 0, stream>>>(
+                static_cast<const unsigned long long*>(acc.get()),
+                grad_input_c.data_ptr<scalar_t>(), total_in,
+                static_cast<const unsigned long long*>(state.get()), log2_hits);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+
+// How many windows of one pooling axis can cover one input element.
+static inline int64_t det_windows_covering(int64_t kernel, int64_t stride, int64_t dilation) {
+  const int64_t span = (kernel - 1) * dilation + 1;
+  const int64_t by_span = (span + stride - 1) / stride;
+  return by_span < kernel ? by_span : kernel;
+}
+// END index_scatter
+
+// BEGIN max_unpool
+// max_unpool2d/3d forward writes output[plane, indices[i]] = input[plane, i].
+// Duplicate indices are a write conflict; the CPU kernel visits i in
+// ascending order, so the largest i wins there. Here: one integer atomicMax
+// per input element records the winning i for each output cell (max is
+// order-independent), then every output cell is written once from its winner
+// (or 0).
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void max_unpool_deterministic_winner_kernel(
+    const int64_t total_in, const int64_t in_plane, const int64_t out_plane,
+    const int64_t* __restrict__ indices, int* __restrict__ winner) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total_in;
+       i += stride) {
+    const int64_t target = indices[i];
+    CUDA_KERNEL_ASSERT(target >= 0 && target < out_plane);
+    const int64_t plane = i / in_plane;
+    atomicMax(winner + plane * out_plane + target, static_cast<int>(i - plane * in_plane));
+  }
+}
+
+template <typename scalar_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void max_unpool_deterministic_write_kernel(
+    const int64_t total_out, const int64_t in_plane, const int64_t out_plane,
+    const int* __restrict__ winner, const scalar_t* __restrict__ input,
+    scalar_t* __restrict__ output) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total_out;
+       o += stride) {
+    const int w = winner[o];
+    output[o] = w >= 0 ? input[(o / out_plane) * in_plane + w] : static_cast<scalar_t>(0);
+  }
+}
+
+// input_c, indices_c, output_c contiguous (planes x in_plane, planes x
+// out_plane); output_c is written in full.
+static void max_unpool_deterministic(
+    const at::TensorBase& output_c, const at::TensorBase& input_c,
+    const at::TensorBase& indices_c, int64_t planes, int64_t in_plane, int64_t out_plane) {
+  const int64_t total_in = planes * in_plane;
+  const int64_t total_out = planes * out_plane;
+  if (total_out == 0) {
+    return;
+  }
+  TORCH_CHECK(in_plane <= std::numeric_limits<int>::max(),
+              "max_unpool (deterministic): input planes too large");
+  auto stream = at::cuda::getCurrentCUDAStream();
+  c10::DataPtr winner = c10::cuda::CUDACachingAllocator::get()->allocate(total_out * sizeof(int));
+  C10_CUDA_CHECK(cudaMemsetAsync(winner.get(), 0xff, total_out * sizeof(int), stream));  // -1
+  if (total_in > 0) {
+    max_unpool_deterministic_winner_kernel<<<det_blocks(total_in), 256, 0, stream>>>(
+        total_in, in_plane, out_plane, indices_c.data_ptr<int64_t>(),
+        static_cast<int*>(winner.get()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, output_c.scalar_type(),
+      "max_unpool_cuda_deterministic", [&] {
+        max_unpool_deterministic_write_kernel<scalar_t>
+            <<<det_blocks(total_out), 256, 0, stream>>>(
+                total_out, in_plane, out_plane, static_cast<const int*>(winner.get()),
+                input_c.data_ptr<scalar_t>(), output_c.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+}
+// END max_unpool
