@@ -27,13 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from patcher.config import Settings
-from patcher.errors import (
-    ConfigError,
-    DockerPermissionError,
-    DockerUnavailableError,
-    ImageBuildError,
-    RegistryError,
-)
+from patcher.container import Engine
+from patcher.errors import ConfigError, ImageBuildError
+from patcher.util import sha256_file
 
 # 2021-08-14, the release date of Debian 11 "bullseye": a fixed date, not the time of the build.
 DEFAULT_SOURCE_DATE_EPOCH = 1628899200
@@ -70,27 +66,6 @@ class BaseImageResult:
 
 
 # ----------------------------------------------------------------------------------------------
-def docker_api(settings: Settings | None = None):
-    """A low-level Docker client, or a one-line error saying why the engine is unusable."""
-    import docker
-    from docker.errors import DockerException
-
-    base_url = (settings.docker_host if settings else None) or os.environ.get("DOCKER_HOST")
-    try:
-        client = docker.APIClient(base_url=base_url or "unix:///var/run/docker.sock", version="auto")
-        client.ping()
-        return client
-    except PermissionError:
-        raise DockerPermissionError("permission denied on the Docker socket",
-                                    hint="add your user to the docker group or set docker_host") from None
-    except DockerException as exc:
-        if "Permission denied" in str(exc):
-            raise DockerPermissionError("permission denied on the Docker socket",
-                                        hint="add your user to the docker group or set docker_host") from None
-        raise DockerUnavailableError(f"the Docker engine is not reachable at {base_url or 'the default socket'}",
-                                     hint="start dockerd or set docker_host / DOCKER_HOST") from None
-
-
 def debian_mirror(settings: Settings, mirror_url: str | None = None) -> str:
     """The Debian archive to bootstrap from: flag, then settings, then this host's apt."""
     if mirror_url:
@@ -132,14 +107,6 @@ def bootstrap_rootfs(suite: str, mirror_url: str, dest: Path, *, variant: str = 
     os.replace(part, dest)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def image_config(rootfs_sha256: str, *, architecture: str, labels: dict[str, str], epoch: int,
                  created_by: str) -> bytes:
     """The image config JSON (its sha256 is the image ID), byte-stable for equal inputs."""
@@ -174,13 +141,6 @@ def write_image_archive(rootfs: Path, archive: Path, tag: str, config: bytes, ro
         tar.addfile(info("manifest.json", len(manifest)), io.BytesIO(manifest))
 
 
-def load_archive(api, archive: Path) -> None:
-    with open(archive, "rb") as fh:
-        for item in api.load_image(fh, quiet=True):
-            if isinstance(item, dict) and item.get("error"):
-                raise ImageBuildError(f"docker load failed: {item['error']}")
-
-
 def split_ref(ref: str) -> tuple[str | None, str, str]:
     """'host:5000/a/b:tag' -> ('host:5000', 'a/b', 'tag'); a first part without '.', ':' or
     'localhost' is a Docker Hub path, not a registry host."""
@@ -196,46 +156,26 @@ def split_ref(ref: str) -> tuple[str | None, str, str]:
     return None, name, tag
 
 
-def push_image(api, local_tag: str, registry: str) -> str:
+def push_image(engine: Engine, local_tag: str, registry: str) -> str:
     """Tag ``local_tag`` into ``registry`` and push it; returns ``repo:tag@sha256:...``."""
     _host, path, tag = split_ref(local_tag)
     repository = f"{registry.rstrip('/')}/{path}"
-    from docker.errors import APIError
-
-    try:
-        api.tag(local_tag, repository, tag=tag)
-        digest = None
-        for item in api.push(repository, tag=tag, stream=True, decode=True):
-            if item.get("error"):
-                raise RegistryError(f"push of {repository}:{tag} failed: {item['error'].strip()}",
-                                    hint="check that the registry is running and accepts pushes")
-            aux = item.get("aux") or {}
-            if aux.get("Digest"):
-                digest = aux["Digest"]
-    except APIError as exc:
-        raise RegistryError(f"push of {repository}:{tag} failed: {exc.explanation or exc}") from None
-    finally:
-        # The registry-qualified tag is only a vehicle for the push.
-        try:
-            api.remove_image(f"{repository}:{tag}", noprune=True)
-        except APIError:
-            pass
-    if not digest:
-        raise RegistryError(f"push of {repository}:{tag} reported no digest")
+    digest = engine.push(local_tag, repository, tag)
     return f"{repository}:{tag}@{digest}"
 
 
-def make_base_image(request: BaseImageRequest, settings: Settings, api=None) -> BaseImageResult:
+def make_base_image(request: BaseImageRequest, settings: Settings, engine: Engine | None = None) -> BaseImageResult:
     """mmdebstrap -> reproducible image archive -> docker load -> (push); nothing left on failure."""
     mirror_url = debian_mirror(settings, request.mirror_url)
-    api = api or docker_api(settings)
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(api.version().get("Arch", ""), api.version().get("Arch"))
+    engine = engine or Engine.connect(settings.docker_host)
+    machine = engine.architecture()
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
     tmp = Path(tempfile.mkdtemp(prefix="patcher-base-image-"))
     try:
         rootfs = tmp / "rootfs.tar"
         bootstrap_rootfs(request.suite, mirror_url, rootfs, variant=request.variant,
                          include=request.include, source_date_epoch=request.source_date_epoch)
-        rootfs_sha = _sha256_file(rootfs)
+        rootfs_sha = sha256_file(rootfs)
         labels = {
             f"{LABEL_PREFIX}.suite": request.suite,
             f"{LABEL_PREFIX}.variant": request.variant,
@@ -250,10 +190,10 @@ def make_base_image(request: BaseImageRequest, settings: Settings, api=None) -> 
         archive = tmp / "image.tar"
         write_image_archive(rootfs, archive, request.local_tag, config, rootfs_sha, request.source_date_epoch)
         rootfs.unlink()
-        load_archive(api, archive)
+        engine.load_image(archive)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-    pushed = push_image(api, request.local_tag, request.push) if request.push else None
+    pushed = push_image(engine, request.local_tag, request.push) if request.push else None
     return BaseImageResult(tag=request.local_tag, image_id=image_id, rootfs_sha256=rootfs_sha,
                            mirror_url=mirror_url, pushed=pushed)

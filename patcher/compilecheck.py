@@ -55,15 +55,11 @@ import posixpath
 import re
 import shlex
 import shutil
-import signal
 import tarfile
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -75,7 +71,8 @@ from patcher.errors import (
     CompileCheckSetupError,
     ImageBuildError,
 )
-from patcher.spec import CPU, BuildSpec, parse_arch_list, resolve
+from patcher.spec import CPU, BuildSpec, arch_needs_cuda, parse_arch_list, resolve
+from patcher.util import Terminated, interrupts_as_exceptions, meaningful_line
 
 TU_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu")
 CUDA_SUFFIXES = (".cu",)
@@ -432,122 +429,42 @@ def render_cuda_image(spec: BuildSpec, builder_ref: str, settings: Settings, cud
                              labels={**labels, LABEL_KEY: key})
 
 
-def ensure_cuda_image(client, rendered: RenderedCudaImage, on_log: Callable[[str], None] | None = None) -> tuple[str, bool]:
+def ensure_cuda_image(engine, rendered: RenderedCudaImage, on_log: Callable[[str], None] | None = None) -> tuple[str, bool]:
     """The image ID, built when no image carries the rendered key; (id, built)."""
-    import docker
-
+    from patcher.container import ContainerError
     from patcher.dockerfile import RenderedDockerfile, build_image
 
     try:
-        image = client.images.get(rendered.tag)
-        if (image.labels or {}).get(LABEL_KEY) == rendered.key:
-            return image.id, False
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.APIError as exc:
-        raise CompileCheckSetupError(f"cannot inspect image {rendered.tag}: {exc.explanation or exc}") from None
+        labels = engine.image_labels(rendered.tag)
+    except ContainerError as exc:
+        raise CompileCheckSetupError(str(exc)) from None
+    if labels is not None and labels.get(LABEL_KEY) == rendered.key:
+        return engine.image_id(rendered.tag), False
     as_dockerfile = RenderedDockerfile(text=rendered.text, sha256=rendered.key, image_tag=rendered.tag,
                                        build_id=rendered.labels[LABEL_CHECK], labels=rendered.labels)
     try:
-        image_id = build_image(client.api, as_dockerfile, on_log=on_log)
+        image_id = build_image(engine, as_dockerfile, on_log=on_log)
     except ImageBuildError as exc:
         raise CompileCheckSetupError(f"the compile-check CUDA image: {exc.message}",
                                      hint="the builder base needs contrib/non-free in its Debian archive") from None
-    _remove_superseded(client, rendered, image_id)
+    _remove_superseded(engine, rendered, image_id)
     return image_id, True
 
 
-def _remove_superseded(client, rendered: RenderedCudaImage, keep: str) -> None:
+def _remove_superseded(engine, rendered: RenderedCudaImage, keep: str) -> None:
     """Remove this build's older compile-check images (about 5 GB each, made from a builder that
     has since changed); one still used by a container stays."""
-    import docker
-
-    build_id = rendered.labels[LABEL_CHECK]
-    try:
-        old = client.images.list(filters={"label": f"{LABEL_CHECK}={build_id}"})
-    except docker.errors.APIError:
-        return
-    for image in old:
-        if image.id == keep or (image.labels or {}).get(LABEL_KEY) == rendered.key:
-            continue
-        try:
-            client.images.remove(image.id, noprune=False)
-        except docker.errors.APIError:
-            continue
+    for image_id, labels in engine.images_with_label(f"{LABEL_CHECK}={rendered.labels[LABEL_CHECK]}"):
+        if image_id != keep and labels.get(LABEL_KEY) != rendered.key:
+            engine.remove_image(image_id)
 
 
 # --- the check ---------------------------------------------------------------------------------------
-class _Container:
-    """One container of the check: exec with timing, always removed."""
-
-    def __init__(self, client, image: str, env: dict[str, str], name: str, labels: dict[str, str],
-                 timeout: float):
-        self.client, self.timeout = client, timeout
-        self.container = client.containers.create(
-            image, command=["sleep", "infinity"], user="builder", environment=env, working_dir=CONTAINER_SRC,
-            network_mode="none", init=True, labels=labels, name=name)
-
-    def put(self, path: str, data) -> None:
-        self.container.put_archive(path, data)
-
-    def start(self) -> None:
-        self.container.start()
-
-    def run(self, argv: list[str], workdir: str = CONTAINER_SRC, env: dict[str, str] | None = None,
-            timeout: float | None = None) -> tuple[int, str, float]:
-        """Run argv (under ``timeout``, killed past it); (exit code, output, seconds)."""
-        limit = int(timeout or self.timeout)
-        wrapped = ["timeout", "--kill-after=10", str(limit), *argv]
-        started = time.monotonic()
-        result = self.container.exec_run(wrapped, workdir=workdir, environment=env or {}, demux=False)
-        seconds = time.monotonic() - started
-        output = (result.output or b"").decode("utf-8", "replace")
-        return result.exit_code, output, seconds
-
-    def read(self, path: str) -> bytes:
-        import docker
-
-        try:
-            stream, _ = self.container.get_archive(path)
-        except docker.errors.NotFound:
-            raise CompileCheckSetupError(f"{path} was not written in the container",
-                                         hint="did the configure run CMake?") from None
-        buf = io.BytesIO(b"".join(stream))
-        with tarfile.open(fileobj=buf) as tar:
-            member = tar.next()
-            data = tar.extractfile(member) if member else None
-            return data.read() if data else b""
-
-    def remove(self) -> None:
-        import docker
-
-        try:
-            self.container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
-
-
-@contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt, so the container is removed as on Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _last_meaningful(output: str) -> str:
-    lines = [ANSI_RE.sub("", ln).strip() for ln in output.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ERROR_LINE_RE.search(ln)]
-    return (errors[0] if errors else (lines[-1] if lines else "no output"))[:300]
+def _read_required(container, path: str) -> bytes:
+    data = container.read_file(path)
+    if data is None:
+        raise CompileCheckSetupError(f"{path} was not written in the container", hint="did the configure run CMake?")
+    return data
 
 
 class CompileCheck:
@@ -565,7 +482,7 @@ class CompileCheck:
         wanted = opts.cuda
         if wanted is not None and wanted.lower() in ("none", "cpu"):
             if opts.arch:
-                raise CompileCheckSetupError("--arch needs a CUDA check", hint="drop --arch or give --cuda")
+                raise arch_needs_cuda()
             return spec, None
         cuda_spec = resolve(self.settings, opts.torch, cuda=wanted, arch=opts.arch)
         return spec, (None if cuda_spec.is_cpu else cuda_spec)
@@ -611,35 +528,29 @@ class CompileCheck:
                                          hint=f"run `patcher patches apply --torch {series.version} --source {tree}` first")
         return tree
 
-    def _builder_image(self, client, spec: BuildSpec) -> str:
-        import docker
-
+    def _builder_image(self, engine, spec: BuildSpec) -> str:
         from patcher import dockerfile
 
         if self.options.image:
-            try:
-                return client.images.get(self.options.image).id
-            except docker.errors.ImageNotFound:
+            image_id = engine.image_id(self.options.image)
+            if image_id is None:
                 raise CompileCheckSetupError(f"image {self.options.image} does not exist",
-                                             hint="build it, or leave out --image to render and build the builder") from None
+                                             hint="build it, or leave out --image to render and build the builder")
+            return image_id
         work = Path(self.options.work) if self.options.work else None
         record = work / "record.json" if work else None
         if record is not None and record.is_file():
-            image_id = json.loads(record.read_text(encoding="utf-8")).get("image_id")
-            if image_id:
-                try:
-                    return client.images.get(image_id).id
-                except docker.errors.ImageNotFound:
-                    pass
+            recorded = json.loads(record.read_text(encoding="utf-8")).get("image_id")
+            if recorded and engine.image_id(recorded):
+                return engine.image_id(recorded)
         rendered = dockerfile.render(spec, self.settings)
-        try:
-            return client.images.get(rendered.image_tag).id
-        except docker.errors.ImageNotFound:
-            pass
+        existing = engine.image_id(rendered.image_tag)
+        if existing:
+            return existing
         self.log(f"building the builder image {rendered.image_tag}\n")
         started = time.monotonic()
         try:
-            image_id = dockerfile.build_image(client.api, rendered, on_log=self.log)
+            image_id = dockerfile.build_image(engine, rendered, on_log=self.log)
         except ImageBuildError as exc:
             raise CompileCheckSetupError(f"the builder image: {exc.message}") from None
         self.durations["builder_image"] = round(time.monotonic() - started, 1)
@@ -647,14 +558,17 @@ class CompileCheck:
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> CompileCheckReport:
-        with _terminate_as_interrupt():
-            return self._run()
+        with interrupts_as_exceptions():
+            try:
+                return self._run()
+            except Terminated:
+                raise KeyboardInterrupt from None  # the container is gone: say "interrupted" as on Ctrl-C
 
     def _run(self) -> CompileCheckReport:
-        import docker
-
-        from patcher import builder
         from patcher import patches as patches_mod
+        from patcher.buildenv import BUILD_USER, container_environment, source_archive
+        from patcher.container import Container, ContainerConfig, ContainerError, Engine
+        from patcher.inputs import tree_inputs
         from patcher.source import run_git, tracked_files
 
         started = time.monotonic()
@@ -669,64 +583,55 @@ class CompileCheck:
         head = run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
         tree_paths = [p for _m, _o, p in tracked_files(tree)]
 
-        client = builder.docker_client(self.settings.docker_host)
-        image = self._builder_image(client, spec)
-        cuda_image = None
-        if cuda_spec and any(u.is_cuda for u in units):
-            rendered = render_cuda_image(spec, image, self.settings, cuda_spec)
-            t = time.monotonic()
-            cuda_image, built = ensure_cuda_image(client, rendered, on_log=self.log)
-            if built:
-                self.durations["cuda_image"] = round(time.monotonic() - t, 1)
-        jobs = self.options.jobs or int(client.info().get("NCPU") or 1)
-        inputs = [(a.dest, builder.input_content(a, builder.fetch_input(a, self.settings)))
-                  for a in spec.inputs if a.dest]
-
-        env = builder.container_environment(spec, jobs, 0)
-        env.update({"CCACHE_DISABLE": "1", "CMAKE_EXPORT_COMPILE_COMMANDS": "ON"})
-        name = f"patcher-compile-check-{spec.torch}-{uuid.uuid4().hex[:8]}"
-        labels = {LABEL_CHECK: spec.build_id}
-        container = None
-        with tempfile.TemporaryDirectory(prefix="patcher-compile-check-") as tmp:
-            archive = Path(tmp) / "source.tar"
-            builder.source_archive(tree, inputs, 0, archive)
+        with Engine.connect(self.settings.docker_host) as engine:
             try:
+                image = self._builder_image(engine, spec)
+                cuda_image = None
+                if cuda_spec and any(u.is_cuda for u in units):
+                    rendered = render_cuda_image(spec, image, self.settings, cuda_spec)
+                    t = time.monotonic()
+                    cuda_image, built = ensure_cuda_image(engine, rendered, on_log=self.log)
+                    if built:
+                        self.durations["cuda_image"] = round(time.monotonic() - t, 1)
+            except ContainerError as exc:
+                raise CompileCheckSetupError(str(exc)) from None
+            jobs = self.options.jobs or engine.cpu_count()
+            env = container_environment(spec, jobs, 0)
+            env.update({"CCACHE_DISABLE": "1", "CMAKE_EXPORT_COMPILE_COMMANDS": "ON"})
+            config = ContainerConfig(image=cuda_image or image, user=BUILD_USER, env=env, workdir=CONTAINER_SRC,
+                                     labels={LABEL_CHECK: spec.build_id},
+                                     name=f"patcher-compile-check-{spec.torch}-{uuid.uuid4().hex[:8]}")
+            with tempfile.TemporaryDirectory(prefix="patcher-compile-check-") as tmp:
+                archive = Path(tmp) / "source.tar"
+                source_archive(tree, tree_inputs(spec.inputs, self.settings), 0, archive)
                 try:
-                    container = _Container(client, cuda_image or image, env, name, labels, self.options.timeout)
-                    with open(archive, "rb") as fh:
-                        container.put(CONTAINER_SRC, fh)
-                    archive.unlink()
-                    container.start()
-                except Exception as exc:  # noqa: BLE001 - any engine failure is a setup failure
-                    raise CompileCheckSetupError(f"cannot start the compile-check container: "
-                                                 f"{getattr(exc, 'explanation', None) or exc}") from None
-                try:
-                    return self._in_container(container, spec, cuda_spec, units, others, tree, head, series,
-                                              tree_paths, image, cuda_image, jobs, started)
-                except docker.errors.DockerException as exc:
-                    raise CompileCheckSetupError(f"the compile-check container failed: "
-                                                 f"{getattr(exc, 'explanation', None) or exc}") from None
-            finally:
-                if container is not None:
-                    container.remove()
+                    with Container(engine, config) as container:
+                        with open(archive, "rb") as fh:
+                            container.put_archive(CONTAINER_SRC, fh)
+                        archive.unlink()
+                        container.start()
+                        return self._in_container(container, spec, cuda_spec, units, others, tree, head, series,
+                                                  tree_paths, image, cuda_image, jobs, started)
+                except ContainerError as exc:
+                    raise CompileCheckSetupError(f"the compile-check container failed: {exc}") from None
 
-    def _step(self, container: _Container, name: str, argv: list[str], workdir: str = CONTAINER_SRC) -> str:
+    def _step(self, container, name: str, argv: list[str], workdir: str = CONTAINER_SRC) -> str:
         self.log(f"{name} ...\n")
-        code, output, seconds = container.run(argv, workdir=workdir)
+        code, output, seconds = self._exec(container, argv, workdir=workdir)
         self.durations[name] = round(seconds, 1)
         if code != 0:
             what = "ran past its time limit" if code in (124, 137) else f"failed (exit {code})"
-            raise CompileCheckSetupError(f"{name} {what}: {_last_meaningful(output)}",
+            raise CompileCheckSetupError(f"{name} {what}: {meaningful_line(output)}",
                                          hint="the unpatched tree must configure in the builder image; "
                                               "see `patcher build --until configure`")
         self.log(f"{name}: {seconds:.0f} s\n")
         return output
 
-    def _in_container(self, container: _Container, spec, cuda_spec, units, others, tree, head, series,
+    def _in_container(self, container, spec, cuda_spec, units, others, tree, head, series,
                       tree_paths, image, cuda_image, jobs, started) -> CompileCheckReport:
         self._step(container, "configure", ["bash", "-c", '"${PATCHER_PYTHON:-python3}" setup.py build --cmake-only'])
-        entries = compile_entries(json.loads(container.read(f"{BUILD_DIR}/compile_commands.json")))
-        cpp_steps = count_compile_steps(container.read(f"{BUILD_DIR}/build.ninja").decode("utf-8", "replace"))
+        entries = compile_entries(json.loads(_read_required(container, f"{BUILD_DIR}/compile_commands.json")))
+        cpp_steps = count_compile_steps(_read_required(container, f"{BUILD_DIR}/build.ninja").decode("utf-8", "replace"))
 
         compilers = {"c++": self._version(container, ["bash", "-c", '"${CXX:-g++}" --version | head -n 1'])}
         plans: list[tuple[TranslationUnit, list[str], str, str] | UnitResult] = []
@@ -774,9 +679,9 @@ class CompileCheck:
         def compile_one(plan) -> UnitResult:
             unit, argv, workdir, flags_from = plan
             if unit.is_cuda:
-                container.run(["mkdir", "-p", posixpath.dirname(argv[-1])])
+                self._exec(container, ["mkdir", "-p", posixpath.dirname(argv[-1])])
             self.log(f"compiling {unit.path}\n")
-            code, output, seconds = container.run(argv, workdir=workdir)
+            code, output, seconds = self._exec(container, argv, workdir=workdir)
             status = "pass" if code == 0 else "fail"
             message = "" if code == 0 else (
                 "the compiler ran past its time limit" if code in (124, 137) else first_error(ANSI_RE.sub("", output)))
@@ -853,20 +758,24 @@ class CompileCheck:
         raise CompileCheckSetupError("compile_commands.json has no torch_cpu unit of aten/src/ATen/native to "
                                      "derive the CUDA flags from", hint="is this a PyTorch tree?")
 
-    def _prerequisites(self, container: _Container, output: str | None) -> list[str]:
+    def _prerequisites(self, container, output: str | None) -> list[str]:
         if not output:
             return []
-        code, text, _ = container.run(["ninja", "-t", "query", output], workdir=BUILD_DIR)
+        code, text, _ = self._exec(container, ["ninja", "-t", "query", output], workdir=BUILD_DIR)
         if code != 0:
-            raise CompileCheckSetupError(f"ninja does not know {output}: {_last_meaningful(text)}")
+            raise CompileCheckSetupError(f"ninja does not know {output}: {meaningful_line(text)}")
         return order_only_inputs(text)
 
-    @staticmethod
-    def _version(container: _Container, argv: list[str]) -> str:
-        code, text, _ = container.run(argv)
+    def _exec(self, container, argv: list[str], workdir: str = CONTAINER_SRC) -> tuple[int, str, float]:
+        """Run argv in the check's container under the per-command time limit."""
+        done = container.exec(argv, workdir=workdir, timeout=self.options.timeout)
+        return done.exit_code, done.output, done.seconds
+
+    def _version(self, container, argv: list[str]) -> str:
+        code, text, _ = self._exec(container, argv)
         return text.strip().splitlines()[-1].strip() if code == 0 and text.strip() else "unknown"
 
-    def _write_cuda_headers(self, container: _Container, tree: Path, gencode: list[str]) -> None:
+    def _write_cuda_headers(self, container, tree: Path, gencode: list[str]) -> None:
         values = {"AT_CUDNN_ENABLED": "0", "AT_ROCM_ENABLED": "0", "AT_MAGMA_ENABLED": "0",
                   "NVCC_FLAGS_EXTRA": " ".join(gencode)}
         files: dict[str, bytes] = {}
@@ -882,7 +791,7 @@ class CompileCheck:
                 info = tarfile.TarInfo(dest)
                 info.size, info.uid, info.gid, info.mode = len(data), 1000, 1000, 0o644
                 tar.addfile(info, io.BytesIO(data))
-        container.put(BUILD_DIR, buf.getvalue())
+        container.put_archive(BUILD_DIR, buf.getvalue())
 
 
 def check_compile(settings: Settings, options: CompileCheckOptions,
@@ -901,7 +810,7 @@ def raise_for_failures(report: CompileCheckReport) -> None:
 
 def write_report(report: CompileCheckReport, path: Path, command: list[str] | None = None) -> None:
     """The report as JSON (temp file + rename), with the command that made it."""
-    from patcher.record import write_atomic
+    from patcher.util import write_atomic
 
     data = report.to_json()
     if command is not None:

@@ -33,7 +33,7 @@ from typing import Any
 import jinja2
 
 from patcher.config import Settings
-from patcher.errors import ConfigError, ImageBuildError, OutputWriteError, TemplateError, UnpinnedInputError
+from patcher.errors import ConfigError, OutputWriteError, TemplateError, UnpinnedInputError
 from patcher.spec import BuildSpec, is_known, load_matrix
 
 TEMPLATE_NAME = "builder.Dockerfile.j2"
@@ -325,39 +325,15 @@ def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
                               build_id=spec.build_id, labels=labels, context_files=context_files)
 
 
-def build_image(api, rendered: RenderedDockerfile, tag: str | None = None,
+def build_image(engine, rendered: RenderedDockerfile, tag: str | None = None,
                 extra_labels: dict[str, str] | None = None, on_log=None) -> str:
-    """Build with the low-level API (classic builder, streamed log); returns the image ID.
+    """Build the rendered Dockerfile on ``engine`` (patcher.container.Engine); the image ID.
 
-    ``rm``/``forcerm`` remove intermediate containers even when a step fails.  The spec's labels
-    are already LABEL lines of the Dockerfile; ``extra_labels`` are added by the engine (the
-    classic builder commits one layer per label, so keep them few).
+    The spec's labels are already LABEL lines of the Dockerfile; ``extra_labels`` are added by
+    the engine (the classic builder commits one layer per label, so keep them few).
     """
-    from docker.errors import APIError
-
-    tail: list[str] = []
-    image_id = None
-    try:
-        stream = api.build(fileobj=io.BytesIO(rendered.context_tar()), custom_context=True,
-                           tag=tag or rendered.image_tag, labels=dict(extra_labels or {}),
-                           rm=True, forcerm=True, decode=True)
-        for item in stream:
-            text = item.get("stream")
-            if text:
-                tail = (tail + [text.rstrip("\n")])[-20:]
-                if on_log:
-                    on_log(text)
-            if item.get("error"):
-                last = next((ln for ln in reversed(tail) if ln.strip()), "")
-                raise ImageBuildError(f"docker build of {rendered.build_id} failed: {item['error'].strip()}"
-                                      + (f" (last output: {last.strip()[:200]})" if last else ""))
-            if (item.get("aux") or {}).get("ID"):
-                image_id = item["aux"]["ID"]
-    except APIError as exc:
-        raise ImageBuildError(f"docker build of {rendered.build_id} failed: {exc.explanation or exc}") from None
-    if not image_id:
-        raise ImageBuildError(f"docker build of {rendered.build_id} reported no image ID")
-    return image_id
+    return engine.build_image(rendered.context_tar(), tag or rendered.image_tag, rendered.build_id,
+                              labels=extra_labels, on_log=on_log)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -28,6 +28,12 @@ class ConfigError(PatcherError):
     exit_code = 10
 
 
+class MatrixFormatError(ConfigError):
+    """The version matrix parses as TOML but lacks a table or key, or holds a value of the wrong type."""
+
+    exit_code = 17
+
+
 class UnknownVersionError(PatcherError):
     exit_code = 11
 
@@ -100,6 +106,13 @@ class DirtyTreeError(PatcherError):
 
 class PatchNotFoundError(PatcherError):
     exit_code = 33
+
+
+class HostilePatchError(PatcherError):
+    """A patch makes a change no source patch has business making: a mode change, a symbolic
+    link, a submodule, a rename or copy, binary content, or a path outside the tree's own files."""
+
+    exit_code = 34
 
 
 # --- build (4x) ---------------------------------------------------------------------------
@@ -209,6 +222,18 @@ class KeyMismatchError(SignatureError):
     """The evidence is signed, but by another key than the one trusted."""
 
     exit_code = 66
+
+
+class ImageScanError(PatcherError):
+    """The SBOM's scan of the builder image (what the wheel's libraries are) could not run."""
+
+    exit_code = 67
+
+
+class ReportRenderError(PatcherError):
+    """`patcher report` could not write the page or render its PDF (e.g. no Chromium)."""
+
+    exit_code = 68
 
 
 # --- publish (7x) -------------------------------------------------------------------------

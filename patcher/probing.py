@@ -18,21 +18,18 @@ Exit statuses of the probe module: 0 passed, 1 a required check failed, 2 bad ar
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from patcher.errors import (
-    DockerUnavailableError,
     ProbeFailedError,
     ProbeRunError,
     ProbeTargetError,
@@ -40,6 +37,7 @@ from patcher.errors import (
     TorchMissingError,
     WheelInstallError,
 )
+from patcher.util import write_atomic
 
 PROBE_PACKAGE = Path(__file__).resolve().parent / "probe"
 CONTAINER_DIR = "/tmp/patcher-probe"
@@ -141,7 +139,8 @@ class ProbeReport:
         for path, text in ((json_out, render.to_json(self.to_json()) if json_out else None),
                            (junit_out, render.to_junit(self.to_json()) if junit_out else None)):
             if path is not None:
-                _write_atomic(Path(path), text)
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(Path(path), text)
 
     def table(self) -> str:
         from patcher.probe import report as render
@@ -155,19 +154,6 @@ class ProbeReport:
             more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
             raise ProbeFailedError(f"{len(failed)} required probe check(s) failed: {names}{more}",
                                    hint="the table and the JSON report say what each found")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
 
 
 # --- options ---------------------------------------------------------------------------------
@@ -199,18 +185,6 @@ def stage_probe(dest: Path) -> Path:
     (package / "__init__.py").write_text("")
     shutil.copytree(PROBE_PACKAGE, package / "probe", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return dest
-
-
-def probe_tar(prefix: str, extra: dict[str, Path] | None = None) -> bytes:
-    """A tar of the staged probe under ``prefix/`` (plus ``extra`` files: name -> path)."""
-    buffer = io.BytesIO()
-    with tempfile.TemporaryDirectory(prefix="patcher-probe-stage-") as temp:
-        staged = stage_probe(Path(temp))
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(str(staged / "patcher"), arcname=f"{prefix}/patcher")
-            for name, path in (extra or {}).items():
-                tar.add(str(path), arcname=f"{prefix}/{name}")
-    return buffer.getvalue()
 
 
 # --- a local interpreter -----------------------------------------------------------------------
@@ -325,66 +299,51 @@ def probe_wheel(wheel: str | os.PathLike, options: ProbeOptions | None = None, *
 
 
 # --- a container ------------------------------------------------------------------------------
-def docker_client(docker_host: str | None = None):
-    import docker
+@dataclass(frozen=True)
+class ImageProbe:
+    report: ProbeReport
+    gpus_requested: bool  # whether the container was given the engine's GPUs
+
+
+def _run_container(engine, image: str, script: str, payload: dict[str, bytes | Path], options: ProbeOptions,
+                   gpus: str, target: str) -> tuple[int, str, str | None, bool]:
+    """Run ``script`` (sh) in a fresh container of ``image`` as the image's own user, the payload
+    under CONTAINER_DIR owned by that user, no network; the container is removed in every case.
+    Returns (exit status, log, report text, whether GPUs were requested)."""
+    from patcher.container import Container, ContainerConfig, ContainerError, ContainerTimeout
 
     try:
-        client = docker.DockerClient(base_url=docker_host) if docker_host else docker.from_env()
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        raise DockerUnavailableError(f"the Docker engine is not reachable: {_last_line(str(exc))}",
-                                     hint="start the engine or set DOCKER_HOST / docker_host") from None
+        if engine.image_id(image) is None:
+            raise ProbeTargetError(f"image {image} is not on this machine (images are never pulled)",
+                                   hint="build or load it first (docker images lists what is there)")
+        config = ContainerConfig(image=image, command=("sh", "-c", script), workdir="/tmp", gpus=gpus,
+                                 env={"PYTHONPATH": CONTAINER_DIR, "PYTHONDONTWRITEBYTECODE": "1", **options.extra_env},
+                                 labels={"org.patcher.probe": "1"})
+        with Container(engine, config) as container:
+            container.put_files(CONTAINER_DIR, payload)
+            container.start()
+            status = container.wait(options.timeout)
+            log = container.logs()
+            report = None
+            if status in (EXIT_PASSED, EXIT_FAILED):
+                data = container.read_file(f"{CONTAINER_DIR}/report.json")
+                report = data.decode("utf-8") if data is not None else None
+            return status, log, report, container.gpus_requested
+    except ContainerTimeout:
+        raise ProbeTimeoutError(f"the probe in {target} ran past {options.timeout:g} s and was stopped",
+                                hint="raise --timeout or narrow the run with --only/--budget") from None
+    except ContainerError as exc:
+        raise ProbeTargetError(f"cannot run the probe in {target}: {exc}") from None
 
 
-def _container_report(container) -> str | None:
-    import docker
-
-    try:
-        stream, _ = container.get_archive(f"{CONTAINER_DIR}/report.json")
-    except docker.errors.NotFound:
-        return None
-    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-        member = tar.extractfile("report.json")
-        return member.read().decode("utf-8") if member else None
-
-
-def _run_container(client, image: str, script: str, payload: bytes, options: ProbeOptions, gpus: bool,
-                   target: str) -> tuple[int, str, str | None]:
-    """Run ``script`` (sh) in a fresh container with ``payload`` unpacked under /tmp; the
-    container is removed in every case.  Returns (exit status, log, report text)."""
-    import docker
-    import requests
-
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise ProbeTargetError(f"image {image} is not on this machine (images are never pulled)",
-                               hint="build or load it first (docker images lists what is there)") from None
-    device_requests = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None
-    container = None
-    try:
-        container = client.containers.create(
-            image, command=["sh", "-c", script], working_dir="/tmp", network_disabled=True,
-            environment={"PYTHONPATH": CONTAINER_DIR, "PYTHONDONTWRITEBYTECODE": "1", **options.extra_env},
-            labels={"org.patcher.probe": "1"}, device_requests=device_requests, entrypoint=[])
-        container.put_archive("/tmp", payload)
-        container.start()
-        try:
-            status = container.wait(timeout=options.timeout)["StatusCode"]
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            raise ProbeTimeoutError(f"the probe in {target} ran past {options.timeout:g} s and was stopped",
-                                    hint="raise --timeout or narrow the run with --only/--budget") from None
-        log = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
-        return status, log, _container_report(container) if status in (EXIT_PASSED, EXIT_FAILED) else None
-    except docker.errors.APIError as exc:
-        raise ProbeTargetError(f"cannot run the probe in {target}: {_last_line(str(exc.explanation or exc))}") from None
-    finally:
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except docker.errors.NotFound:
-                pass
+def _probe_payload(extra: dict[str, Path] | None = None) -> dict[str, bytes | Path]:
+    """The probe package (and ``extra`` files) as the files of CONTAINER_DIR."""
+    files: dict[str, bytes | Path] = {"patcher/__init__.py": b""}
+    for path in sorted(PROBE_PACKAGE.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+            files["patcher/probe/" + path.relative_to(PROBE_PACKAGE).as_posix()] = path
+    files.update(extra or {})
+    return files
 
 
 def _probe_command(python: str, options: ProbeOptions) -> str:
@@ -392,28 +351,37 @@ def _probe_command(python: str, options: ProbeOptions) -> str:
     return f"cd {CONTAINER_DIR} && exec {shlex.quote(python)} " + " ".join(shlex.quote(a) for a in args)
 
 
-def probe_image(image: str, options: ProbeOptions | None = None, *, python: str = "python3", gpus: bool = False,
-                client=None, docker_host: str | None = None) -> ProbeReport:
+def _engine(engine, docker_host: str | None):
+    from patcher.container import Engine
+
+    return engine or Engine.connect(docker_host)
+
+
+def probe_image(image: str, options: ProbeOptions | None = None, *, python: str = "python3", gpus: str = "auto",
+                engine=None, docker_host: str | None = None) -> ImageProbe:
     """Run the probe with ``python`` inside a fresh container of a local ``image``."""
     options = options or ProbeOptions()
-    client = client or docker_client(docker_host)
     target = f"image {image}"
     script = (f"command -v {shlex.quote(python)} >/dev/null || {{ echo 'probe: no {python} in the image' >&2; "
               f"exit 127; }}; " + _probe_command(python, options))
-    status, log, report = _run_container(client, image, script, probe_tar("patcher-probe"), options, gpus, target)
+    status, log, report, with_gpus = _run_container(_engine(engine, docker_host), image, script, _probe_payload(),
+                                                    options, gpus, target)
     if status == 127:
         raise ProbeTargetError(f"{target} has no {python}", hint="probe an image that has Python and torch")
-    return _report_from_run(status, log, report, target)
+    return ImageProbe(_report_from_run(status, log, report, target), with_gpus)
 
 
 def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOptions | None = None, *,
                          python: str = "python3", wheelhouse: str | os.PathLike | None = None,
-                         gpus: bool = False, client=None, docker_host: str | None = None) -> ProbeReport:
-    """Install ``wheel`` offline into a clean venv inside a fresh container of ``image``, probe it."""
+                         gpus: str = "auto", engine=None, docker_host: str | None = None,
+                         system_site_packages: bool = False) -> ImageProbe:
+    """Install ``wheel`` offline into a clean venv inside a fresh container of ``image``, probe it.
+
+    ``system_site_packages``: the venv sees the image's own modules, so the wheel's dependencies
+    may come from there (the builder image has them: it built the wheel)."""
     options = options or ProbeOptions()
     path = _check_wheel(wheel)
     sources = _wheel_sources(path, wheelhouse)
-    client = client or docker_client(docker_host)
     extra = {f"wheels/{path.name}": path}
     if len(sources) > 1:
         for dependency in sorted(sources[1].glob("*.whl")):
@@ -421,16 +389,42 @@ def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOpt
     venv = f"{CONTAINER_DIR}/venv"
     pip = " ".join(shlex.quote(a) for a in pip_install_args(f"{CONTAINER_DIR}/wheels/{path.name}",
                                                            [f"{CONTAINER_DIR}/wheels"]))
-    script = (f"{shlex.quote(python)} -m venv {venv} || exit {EXIT_NO_VENV}; "
+    flags = " --system-site-packages" if system_site_packages else ""
+    script = (f"{shlex.quote(python)} -m venv{flags} {venv} || exit {EXIT_NO_VENV}; "
               f"{venv}/bin/python {pip} || exit {EXIT_PIP_FAILED}; "
               + _probe_command(f"{venv}/bin/python", options))
     target = f"a venv in image {image}"
-    status, log, report = _run_container(client, image, script, probe_tar("patcher-probe", extra), options, gpus,
-                                         target)
+    status, log, report, with_gpus = _run_container(_engine(engine, docker_host), image, script,
+                                                    _probe_payload(extra), options, gpus, target)
     if status == EXIT_NO_VENV:
         raise WheelInstallError(f"cannot create a venv with {python} in image {image}: {_last_line(log)}",
-                                hint="the image needs python3-venv")
+                                hint=f"the image needs {python}'s venv module (Debian: python3-venv)")
     if status == EXIT_PIP_FAILED:
         raise WheelInstallError(f"pip could not install {path.name} offline in image {image}: {_last_line(log)}",
                                 hint="the wheel must suit the image's Python; pass --wheelhouse for dependencies")
-    return _report_from_run(status, log, report, target)
+    return ImageProbe(_report_from_run(status, log, report, target), with_gpus)
+
+
+# --- what the report proves of a series ------------------------------------------------------------
+def unproven_patches(report: ProbeReport, probes_by_patch: dict[str, tuple[str, ...]],
+                     gpus_requested: bool | None = None):
+    """Each patch none of whose probe checks passed or failed on this run, with the reason its
+    checks gave (skipped: no GPU, no such kernel in this build, ...).  ``gpus_requested`` False
+    says that the container had no GPU, which is the reason behind a CUDA skip."""
+    from patcher.record import UnprovenPatch
+
+    by_id = {c.id: c for c in report.checks}
+    out = []
+    for patch_id, check_ids in probes_by_patch.items():
+        ran = [by_id[c] for c in check_ids if c in by_id]
+        if any(c.status in ("pass", "fail", "error") for c in ran):
+            continue
+        reasons = list(dict.fromkeys(c.message.strip() or "skipped" for c in ran))
+        absent = [c for c in check_ids if c not in by_id]
+        if absent:
+            reasons.append(f"check(s) {', '.join(absent)} not in this probe")
+        reason = "; ".join(reasons) or "no probe check names it"
+        if gpus_requested is False and any("cuda" in c.message.lower() or "gpu" in c.message.lower() for c in ran):
+            reason = f"no GPU in the probe container ({reason})"
+        out.append(UnprovenPatch(id=patch_id, checks=tuple(check_ids), reason=reason))
+    return tuple(out)

@@ -10,13 +10,12 @@ they are relative to the directory that holds ``record.json``.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from patcher.errors import EvidenceFormatError
+from patcher.util import write_atomic
 
 RECORD_SCHEMA = 1
 
@@ -62,56 +61,148 @@ class PipRequirement:
 
 
 @dataclass(frozen=True)
+class PinnedInput:
+    """A pinned third-party file placed into the tree before the build (matrix ``inputs``)."""
+
+    name: str
+    sha256: str          # of the downloaded artifact
+    member: str | None   # the archive member taken, None for the file itself
+    dest: str | None     # where it goes in the tree
+    content_sha256: str  # of the bytes placed there
+
+
+@dataclass(frozen=True)
+class PatchedState:
+    """The tree after the patch stage (patcher.patches.PatchedTree without the local path)."""
+
+    base: str | None
+    head: str
+    tree_hash: str
+
+
+@dataclass(frozen=True)
+class Reproducibility:
+    builds: int
+    sha256: tuple[str, ...]
+    reproducible: bool
+
+
+@dataclass(frozen=True)
+class UnprovenPatch:
+    """A patch of the series whose probe checks did not run on this build, and why."""
+
+    id: str
+    checks: tuple[str, ...]
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.id}: not proven on this build: {self.reason}"
+
+
+@dataclass(frozen=True)
+class EvidenceFiles:
+    provenance: str
+    sbom: str
+    keyid: str
+
+
+# The fields certify needs; a record of an unfinished build lacks some of them.
+CERTIFY_FIELDS = ("source", "dockerfile_sha256", "image_id", "toolchain", "wheel", "finished")
+
+
+@dataclass(frozen=True)
 class BuildRecord:
+    """One build's record, complete or not: the build stage adds each stage's outcome as it
+    completes (``completed_stages``), and certify reads the finished one."""
+
     build_id: str
     spec: dict[str, Any]              # BuildSpec.to_json()
-    source: SourceManifest
-    patches: tuple[AppliedPatch, ...]
-    dockerfile_sha256: str
-    image_id: str
     base_image_digest: str
-    toolchain: dict[str, str]
-    wheel: WheelFile
-    log_path: str
     started: str                      # ISO 8601, UTC
-    finished: str
+    log_path: str = "build.log"
+    finished: str | None = None       # when the last completed stage ended
+    completed_stages: tuple[str, ...] = ()
     stage_durations: dict[str, float] = field(default_factory=dict)
-    log_sha256: str | None = None
-    build_requirements: tuple[PipRequirement, ...] = ()
     # settings that shaped the build beyond the spec (mirror locations, docker host ...)
     settings: dict[str, str] = field(default_factory=dict)
+    # fetch
+    source: SourceManifest | None = None
+    source_date_epoch: int | None = None
+    inputs: tuple[PinnedInput, ...] = ()
+    # patch
+    patches: tuple[AppliedPatch, ...] = ()
+    patched_tree: PatchedState | None = None
+    # render
+    dockerfile_sha256: str | None = None
+    image_tag: str | None = None
+    build_requirements: tuple[PipRequirement, ...] = ()
+    # image
+    image_id: str | None = None
+    image_reused: bool | None = None
+    # configure, wheel
+    container_env: dict[str, str] = field(default_factory=dict)
+    toolchain: dict[str, str] = field(default_factory=dict)
+    wheel: WheelFile | None = None
+    reproducibility: Reproducibility | None = None
+    # probe, certify
+    probe_report: str | None = None
+    unproven_patches: tuple[UnprovenPatch, ...] = ()
+    evidence: EvidenceFiles | None = None
+    log_sha256: str | None = None
     # explicit trust decisions beyond those the spec marks (commit/image/artifact overrides)
     trust_overrides: tuple[dict[str, str], ...] = ()
     schema: int = RECORD_SCHEMA
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON form; fields not known yet are left out, so a reader of an unfinished
+        build's record is told what is missing."""
+        data = asdict(self)
+        return {k: v for k, v in data.items() if v is not None and not (k == "toolchain" and not v)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
 
+    def with_stage(self, stage: str, seconds: float, finished: str) -> BuildRecord:
+        return replace(self, completed_stages=(*self.completed_stages, stage),
+                       stage_durations={**self.stage_durations, stage: seconds}, finished=finished)
+
+    def missing_for_certify(self) -> list[str]:
+        return [name for name in CERTIFY_FIELDS if not getattr(self, name)]
+
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BuildRecord:
-        """Parse a record; raises EvidenceFormatError naming the first missing or bad field."""
+    def from_json(cls, data: dict[str, Any], partial: bool = False) -> BuildRecord:
+        """Parse a record; raises EvidenceFormatError naming the first missing or bad field.
+        ``partial``: an unfinished build's record (the builder resuming) is accepted too."""
         if not isinstance(data, dict):
             raise EvidenceFormatError("build record is not a JSON object")
         if data.get("schema", RECORD_SCHEMA) != RECORD_SCHEMA:
             raise EvidenceFormatError(f"build record schema {data.get('schema')!r} is not supported "
                                       f"(this patcher reads schema {RECORD_SCHEMA})")
-        missing = [name for name in _required_fields(cls) if name not in data]
+        required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in (required if partial else [*required, *CERTIFY_FIELDS]) if name not in data]
         if missing:
             raise EvidenceFormatError(f"build record lacks field(s): {', '.join(missing)}")
         try:
-            # A record may be a superset (the builder keeps its stage state in it): unknown keys
-            # are ignored at every level.
+            # A record may be a superset (written by a newer patcher, or with keys of its own):
+            # unknown keys are ignored at every level.
             values = _known(cls, data)
-            src = _known(SourceManifest, values["source"])
-            src["submodules"] = tuple(Submodule(**_known(Submodule, s)) for s in src.get("submodules", ()))
-            values["source"] = SourceManifest(**src)
-            values["patches"] = tuple(AppliedPatch(**_known(AppliedPatch, p)) for p in values["patches"])
-            values["wheel"] = WheelFile(**_known(WheelFile, values["wheel"]))
-            values["build_requirements"] = tuple(PipRequirement(**_known(PipRequirement, r))
-                                                 for r in values.get("build_requirements", ()))
+            if values.get("source") is not None:
+                src = _known(SourceManifest, values["source"])
+                src["submodules"] = tuple(Submodule(**_known(Submodule, s)) for s in src.get("submodules", ()))
+                values["source"] = SourceManifest(**src)
+            for name, kind in (("wheel", WheelFile), ("patched_tree", PatchedState), ("evidence", EvidenceFiles)):
+                if values.get(name) is not None:
+                    values[name] = kind(**_known(kind, values[name]))
+            if values.get("reproducibility") is not None:
+                repro = _known(Reproducibility, values["reproducibility"])
+                values["reproducibility"] = Reproducibility(**{**repro, "sha256": tuple(repro.get("sha256", ()))})
+            for name, kind in (("patches", AppliedPatch), ("inputs", PinnedInput),
+                               ("build_requirements", PipRequirement)):
+                values[name] = tuple(kind(**_known(kind, item)) for item in values.get(name, ()))
+            values["unproven_patches"] = tuple(
+                UnprovenPatch(**{**_known(UnprovenPatch, u), "checks": tuple(u.get("checks", ()))})
+                for u in values.get("unproven_patches", ()))
+            values["completed_stages"] = tuple(values.get("completed_stages", ()))
             values["trust_overrides"] = tuple(dict(o) for o in values.get("trust_overrides", ()))
             return cls(**values)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
@@ -130,10 +221,6 @@ def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k in names}
 
 
-def _required_fields(cls: type) -> list[str]:
-    return [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-
-
 def load_record(path: Path) -> BuildRecord:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -147,26 +234,6 @@ def load_record(path: Path) -> BuildRecord:
     except json.JSONDecodeError as exc:
         raise EvidenceFormatError(f"build record {path} is not valid JSON: {exc}") from None
     return BuildRecord.from_json(data)
-
-
-def write_atomic(path: Path, data: bytes | str, mode: int = 0o644) -> None:
-    """Write a file so that readers see either the old content or the new, never half of it."""
-    path = Path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def save_record(record: BuildRecord, path: Path) -> None:

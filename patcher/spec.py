@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from patcher.config import Settings
 from patcher.errors import (
     ConfigError,
+    MatrixFormatError,
     UnknownVersionError,
     UnpinnedInputError,
     UnsupportedCombinationError,
@@ -165,6 +168,24 @@ def parse_arch_list(arch_list: str) -> list[tuple[str, bool]]:
     return out
 
 
+def arch_needs_cuda() -> UnsupportedCombinationError:
+    """The refusal of an arch list without CUDA, the same wherever it is given."""
+    return UnsupportedCombinationError("--arch needs a CUDA build", hint="drop --arch or give --cuda")
+
+
+@contextmanager
+def _reading_matrix(path: Path) -> Iterator[None]:
+    """A table or key the matrix lacks, or a value of the wrong type, is one line naming it."""
+    try:
+        yield
+    except KeyError as exc:
+        raise MatrixFormatError(f"matrix file {path} is malformed: it lacks the key {exc.args[0]!r}",
+                                hint="compare it with patcher/data/matrix.toml") from None
+    except (TypeError, AttributeError, ValueError) as exc:
+        raise MatrixFormatError(f"matrix file {path} is malformed: {exc}",
+                                hint="compare it with patcher/data/matrix.toml") from None
+
+
 def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str | None = None,
             arch: str | None = None, gcc: int | None = None, build_number: int = 1,
             matrix: dict[str, Any] | None = None) -> BuildSpec:
@@ -174,6 +195,12 @@ def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str
     calls ``require_pinned()`` before it starts.
     """
     m = matrix if matrix is not None else load_matrix(settings.matrix)
+    with _reading_matrix(settings.matrix):
+        return _resolve(m, settings, torch, cuda, python, arch, gcc, build_number)
+
+
+def _resolve(m: dict[str, Any], settings: Settings, torch: str, cuda: str | None, python: str | None,
+             arch: str | None, gcc: int | None, build_number: int) -> BuildSpec:
     releases = m.get("torch", {})
     if torch not in releases:
         known = ", ".join(sorted(releases, key=_version_key))
@@ -250,7 +277,7 @@ def resolve(settings: Settings, torch: str, cuda: str | None = None, python: str
                     f"(nvcc dropped that architecture)",
                     hint=f"drop {cc} from --arch, or pick an older CUDA for this torch")
     elif arch:
-        raise UnsupportedCombinationError("--arch needs a CUDA build", hint="drop --arch or give --cuda")
+        raise arch_needs_cuda()
 
     # --- pins and overrides ---------------------------------------------------------------
     commit = rel.get("commit", UNKNOWN)
@@ -296,6 +323,11 @@ def _artifact(name: str, url: str, sha256: str, ov: Any, member: str | None = No
 def matrix_rows(settings: Settings) -> list[dict[str, Any]]:
     """One row per (torch, CUDA) pair, for `patcher matrix`."""
     m = load_matrix(settings.matrix)
+    with _reading_matrix(settings.matrix):
+        return _matrix_rows(m)
+
+
+def _matrix_rows(m: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for torch in sorted(m["torch"], key=_version_key):
         rel = m["torch"][torch]

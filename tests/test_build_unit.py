@@ -13,16 +13,10 @@ from pathlib import Path
 import pytest
 
 from patcher import builder
-from patcher.builder import (
-    BuildOptions,
-    BuildState,
-    Progress,
-    container_environment,
-    fetch_input,
-    input_content,
-    parse_toolchain,
-    source_archive,
-)
+from patcher.builder import BuildOptions
+from patcher.buildenv import container_environment, parse_toolchain, source_archive
+from patcher.inputs import fetch_input, input_content
+from patcher.progress import Progress
 from patcher.config import Settings
 from patcher.errors import ChecksumMismatchError, UnreachableInputError, WorkDirError
 from patcher.spec import Artifact, resolve
@@ -96,25 +90,31 @@ def test_source_archive_holds_tracked_files_and_inputs_owned_by_the_builder(tmp_
 
 
 def test_partial_record_lacks_the_fields_certify_needs(tmp_path):
-    spec = resolve(Settings(), "1.13.1", cuda="none")
-    state = BuildState(build_id=spec.build_id, spec=spec.to_json(), started="2026-11-30T00:00:00Z")
-    data = state.to_json()
-    for absent in ("wheel", "image_id", "dockerfile_sha256", "finished", "source"):
-        assert absent not in data
-    from patcher.errors import EvidenceFormatError
-    from patcher.record import BuildRecord
+    from dataclasses import replace
 
+    from patcher.errors import EvidenceFormatError
+    from patcher.record import AppliedPatch, BuildRecord, SourceManifest, Submodule, WheelFile
+
+    spec = resolve(Settings(), "1.13.1", cuda="none")
+    started = BuildRecord(build_id=spec.build_id, spec=json.loads(json.dumps(spec.to_json())),
+                          base_image_digest=spec.image.digest,
+                          started="2026-11-30T00:00:00Z")
+    data = started.to_json()
+    for absent in ("wheel", "image_id", "dockerfile_sha256", "finished", "source", "toolchain"):
+        assert absent not in data
     with pytest.raises(EvidenceFormatError, match="lacks field"):
         BuildRecord.from_json(data)
-    state.source_tree = {"repo": "r", "tag": "t", "commit": "c", "tree_hash": "sha256:x",
-                         "submodules": [{"path": "a", "url": "u", "commit": "1", "fetched_from": "f",
-                                         "submodules": [{"path": "a/b", "url": "u2", "commit": "2",
-                                                         "fetched_from": "f2", "submodules": []}]}]}
-    state.dockerfile_sha256, state.image_id, state.finished = "d" * 64, "sha256:i", "2026-11-30T01:00:00Z"
-    state.toolchain = {"gcc": "gcc-10"}
-    state.wheel = {"name": "w.whl", "sha256": "0" * 64, "path": "dist/w.whl"}
-    state.patches = [{"id": "PT-0001", "file": "0001-x.patch", "sha256": "1" * 64, "commit": "abc"}]
-    record = BuildRecord.from_json(json.loads(json.dumps(state.to_json())))
+    assert BuildRecord.from_json(data, partial=True) == started  # the builder reads it back as it is
+    assert started.missing_for_certify() == ["source", "dockerfile_sha256", "image_id", "toolchain", "wheel",
+                                             "finished"]
+    done = replace(started, source=SourceManifest("r", "t", "c", "sha256:x", (Submodule("a", "u", "1"),
+                                                                               Submodule("a/b", "u2", "2"))),
+                   dockerfile_sha256="d" * 64, image_id="sha256:i", finished="2026-11-30T01:00:00Z",
+                   toolchain={"gcc": "gcc-10"}, wheel=WheelFile("w.whl", "0" * 64, "dist/w.whl"),
+                   patches=(AppliedPatch("PT-0001", "0001-x.patch", "1" * 64, "abc"),),
+                   completed_stages=("resolve", "fetch"))
+    record = BuildRecord.from_json(json.loads(done.dumps()))
+    assert record == done and not record.missing_for_certify()
     assert [s.path for s in record.source.submodules] == ["a", "a/b"]
     assert record.log_path == "build.log" and record.wheel.path == "dist/w.whl"
 
@@ -163,17 +163,20 @@ def test_resume_without_a_record_is_refused(tmp_path):
     assert not list((tmp_path / "work").glob("*/.*.tmp"))
 
 
-def test_existing_record_needs_resume_or_fresh(tmp_path):
+def test_the_same_command_again_continues_and_fresh_starts_over(tmp_path):
     settings = _settings(tmp_path)
     first = builder.build(settings, BuildOptions(torch="1.13.1", cuda="none", until="resolve"), stream=io.StringIO())
     assert first.completed_stages == ("resolve",)
     record = json.loads(first.record.read_text())
     assert record["completed_stages"] == ["resolve"] and record["stage_durations"]["resolve"] >= 0
-    with pytest.raises(WorkDirError, match="--resume to continue it, or --fresh"):
-        builder.build(settings, BuildOptions(torch="1.13.1", cuda="none", until="resolve"), stream=io.StringIO())
-    again = builder.build(settings, BuildOptions(torch="1.13.1", cuda="none", until="resolve", fresh=True),
-                          stream=io.StringIO())
+    out = io.StringIO()
+    again = builder.build(settings, BuildOptions(torch="1.13.1", cuda="none", until="resolve"), stream=out)
     assert again.completed_stages == ("resolve",)
+    assert json.loads(again.record.read_text())["started"] == record["started"]  # the same build, continued
+    assert "resolve was already done" in out.getvalue()
+    fresh = builder.build(settings, BuildOptions(torch="1.13.1", cuda="none", until="resolve", fresh=True),
+                          stream=io.StringIO())
+    assert fresh.completed_stages == ("resolve",)
 
 
 def test_resume_refuses_a_record_of_another_spec(tmp_path):

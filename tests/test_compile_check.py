@@ -20,6 +20,7 @@ import pytest
 from patcher import compilecheck as cc
 from patcher import patches
 from patcher.config import Settings
+from patcher.errors import UnsupportedCombinationError
 from patcher.errors import CompileCheckFailedError, CompileCheckSetupError, UnsupportedCombinationError
 from patcher.spec import resolve
 
@@ -228,7 +229,7 @@ def test_cli_refuses_unknown_patch_arch_without_cuda_and_unpatched_tree(patcher_
     assert "Traceback" not in res.stderr
 
     res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--cuda", "none", "--arch", "8.0")
-    assert res.exit_code == 91 and "--arch needs a CUDA check" in res.stderr
+    assert res.exit_code == UnsupportedCombinationError.exit_code and "--arch needs a CUDA build" in res.stderr
 
     res = patcher_cli("check", "--compile", "--torch", "1.13.1", "--source", realtree_checkout)
     assert res.exit_code == 91, res.stderr

@@ -22,7 +22,9 @@ from patcher.cli.common import echo_json, load_settings
 @click.option("--docker-host", help="Docker engine URL (sets DOCKER_HOST), e.g. ssh://builder@host.")
 @click.option("--git-mirror", help="Base URL of a git mirror (<base>/ORG/REPO.git).")
 @click.option("--until", type=click.Choice(STAGES), help="Stop after this stage.")
-@click.option("--resume", is_flag=True, help="Continue the build in the work directory after its last completed stage.")
+@click.option("--resume", is_flag=True,
+              help="Insist on continuing: fail when the work directory holds no build (running the same "
+                   "command again continues anyway).")
 @click.option("--fresh", is_flag=True, help="Discard what the work directory holds and start over.")
 @click.option("--check-reproducible", is_flag=True,
               help="Build the wheel twice in fresh containers (fresh ccache too) and compare; "
@@ -31,11 +33,13 @@ from patcher.cli.common import echo_json, load_settings
               help="Seconds one container stage (configure, wheel) may run.")
 @click.option("--ccache-volume", help="Docker volume for ccache (default: patcher-ccache-<torch>-<cuda>).")
 @click.option("--probe-image", help="Image to probe the wheel in (default: the builder image).")
+@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+              help="The engine's GPUs for the probe container (auto: all of them when the engine has a GPU runtime).")
 @click.option("--probe-wheelhouse", type=click.Path(exists=True, file_okay=False),
               help="Folder of wheels the wheel's dependencies are installed from when probing (offline).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir, docker_host, git_mirror, until,
-                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, probe_wheelhouse,
+                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, gpus, probe_wheelhouse,
                   as_json) -> None:
     """Build a wheel: resolve, fetch, patch, render, image, configure, wheel, probe, certify.
 
@@ -49,14 +53,18 @@ def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir
     options = BuildOptions(torch=torch_version, cuda=cuda, python=python_version, arch=arch, gcc=gcc, jobs=jobs,
                            until=until, resume=resume, fresh=fresh, check_reproducible=check_reproducible,
                            timeout=timeout, ccache_volume=ccache_volume, probe_image=probe_image,
-                           probe_wheelhouse=probe_wheelhouse)
+                           probe_wheelhouse=probe_wheelhouse, gpus=gpus)
     result = build(settings, options)
     if as_json:
         echo_json({"build_id": result.build_id, "work_dir": str(result.work_dir), "record": str(result.record),
                    "log": str(result.log), "completed_stages": list(result.completed_stages),
                    "wheel": str(result.wheel) if result.wheel else None, "wheel_sha256": result.wheel_sha256,
-                   "image_reused": result.image_reused, "stage_durations": result.stage_durations})
+                   "image_reused": result.image_reused, "stage_durations": result.stage_durations,
+                   "unproven_patches": [{"id": u.id, "checks": list(u.checks), "reason": u.reason}
+                                        for u in result.unproven_patches]})
         return
     if result.wheel:
         click.echo(f"{result.wheel} sha256:{result.wheel_sha256}")
     click.echo(f"record: {result.record}  (stages done: {', '.join(result.completed_stages)})")
+    for unproven in result.unproven_patches:
+        click.echo(unproven.line())

@@ -29,7 +29,9 @@ from patcher.cli.common import load_settings
               help="Run only these check ids, prefixes or globs (comma-separated, e.g. 'env,maxpool2d.*').")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True,
               metavar="SECONDS", help="Stop the whole run (install included) after this long.")
-@click.option("--gpus/--no-gpus", default=False, help="With --image: give the container every GPU.")
+@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+              help="With --image: the engine's GPUs for the container (auto: all of them when the engine has a "
+                   "GPU runtime).")
 @click.option("--docker-host", default=None, metavar="URL", help="Docker engine (default: settings, DOCKER_HOST).")
 def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, budget, only, timeout, gpus,
           docker_host) -> None:
@@ -56,11 +58,11 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
         docker_host = docker_host or load_settings().docker_host
     if wheel is not None and image is not None:
         report = probing.probe_wheel_in_image(wheel, image, options, wheelhouse=wheelhouse, gpus=gpus,
-                                              docker_host=docker_host)
+                                              docker_host=docker_host).report
     elif wheel is not None:
         report = probing.probe_wheel(wheel, options, python=python or "python3", wheelhouse=wheelhouse)
     elif image is not None:
-        report = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host)
+        report = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host).report
     else:
         report = probing.probe_python(python, options)
     report.write(json_out, junit_out)
