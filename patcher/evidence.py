@@ -204,7 +204,7 @@ def _digest_of(value: str) -> dict[str, str]:
     return {algo: hexdigest} if hexdigest else {"sha256": value}
 
 
-def resolved_dependencies(spec: BuildSpec, record: BuildRecord) -> list[dict[str, Any]]:
+def resolved_dependencies(spec: BuildSpec, record: BuildRecord, inventory: Any = None) -> list[dict[str, Any]]:
     src = record.source
     deps: list[dict[str, Any]] = [{
         "name": "source", "uri": f"git+{src.repo}@refs/tags/{src.tag}",
@@ -233,10 +233,14 @@ def resolved_dependencies(spec: BuildSpec, record: BuildRecord) -> list[dict[str
         if req.sha256:
             entry["digest"] = {"sha256": req.sha256}
         deps.append(entry)
+    from patcher.sbom import image_package_dependencies  # the builder image's packages, .buildinfo style
+
+    deps.extend(image_package_dependencies(inventory))
     return deps
 
 
-def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[str, Any]]) -> dict[str, Any]:
+def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[str, Any]],
+                    inventory: Any = None) -> dict[str, Any]:
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": record.wheel.name, "digest": {"sha256": record.wheel.sha256}}],
@@ -253,7 +257,7 @@ def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[
                     "imageId": record.image_id,
                     "toolchain": dict(record.toolchain),
                 },
-                "resolvedDependencies": resolved_dependencies(spec, record),
+                "resolvedDependencies": resolved_dependencies(spec, record, inventory),
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID, "version": {"patcher": __version__}},
@@ -281,92 +285,14 @@ def sbom_timestamp(record: BuildRecord) -> datetime:
     return _parse_time(record.finished, "finish time").replace(microsecond=0)
 
 
-def build_sbom(record: BuildRecord, spec: BuildSpec) -> bytes:
-    from cyclonedx.model import (
-        ExternalReference,
-        ExternalReferenceType,
-        HashAlgorithm,
-        HashType,
-        Property,
-        XsUri,
-    )
-    from cyclonedx.model.bom import Bom, BomMetaData
-    from cyclonedx.model.component import (
-        Commit,
-        Component,
-        ComponentType,
-        Diff,
-        Patch,
-        PatchClassification,
-        Pedigree,
-    )
-    from cyclonedx.model.tool import ToolRepository
-    from cyclonedx.output.json import JsonV1Dot6
-    from packageurl import PackageURL
+def build_sbom(record: BuildRecord, spec: BuildSpec, wheel_path: Path | None = None,
+               inventory: Any = None, reproducibility: dict[str, Any] | None = None,
+               supplier: str | None = None) -> bytes:
+    """The CycloneDX SBOM (patcher/sbom.py): the record, the wheel's ELF files, the image inventory."""
+    from patcher import sbom
 
-    def sha(hexdigest: str | None) -> list[HashType]:
-        return [HashType(alg=HashAlgorithm.SHA_256, content=hexdigest)] if hexdigest else []
-
-    def props(**values: Any) -> list[Property]:
-        return [Property(name=f"patcher:{k}", value=str(v)) for k, v in values.items() if v is not None]
-
-    version = record.spec.get("torch", "") + "+" + record.spec.get("local_label", "")
-    src = record.source
-    source = Component(
-        name="pytorch", version=src.tag, type=ComponentType.LIBRARY, bom_ref="source",
-        purl=PackageURL("github", "pytorch", "pytorch", src.commit) if "github.com/pytorch/pytorch" in src.repo else None,
-        external_references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(src.repo))],
-        properties=props(commit=src.commit, tree_hash=src.tree_hash))
-    components = [source]
-    for sub in src.submodules:
-        components.append(Component(
-            name=sub.path, version=sub.commit, type=ComponentType.LIBRARY, bom_ref=f"submodule:{sub.path}",
-            external_references=[ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(sub.url))],
-            properties=props(kind="submodule", commit=sub.commit)))
-    for position, patch in enumerate(record.patches, start=1):
-        components.append(Component(
-            name=patch.file, type=ComponentType.FILE, bom_ref=f"patch:{patch.file}", hashes=sha(patch.sha256),
-            properties=props(kind="patch", patch_id=patch.id, commit=patch.commit, position=position)))
-    image_digest = _digest_of(record.base_image_digest).get("sha256")
-    components.append(Component(
-        name=spec.image.ref, version=record.base_image_digest, type=ComponentType.CONTAINER, bom_ref="base-image",
-        hashes=sha(image_digest), properties=props(kind="base-image", image=spec.image.name,
-                                                   overridden=spec.image.overridden or None)))
-    for kind, art in (("cuda", spec.cuda_runfile), ("cudnn", spec.cudnn_archive),
-                      *(("input", a) for a in spec.inputs)):
-        if art is None:
-            continue
-        art_version = {"cuda": spec.cuda_full, "cudnn": spec.cudnn}.get(kind)
-        components.append(Component(
-            name=art.name, version=art_version, type=ComponentType.FILE, bom_ref=f"{kind}:{art.name}",
-            hashes=sha(art.sha256),
-            external_references=[ExternalReference(type=ExternalReferenceType.DISTRIBUTION, url=XsUri(art.url))],
-            properties=props(kind=kind, overridden=art.overridden or None)))
-    for req in record.build_requirements:
-        components.append(Component(
-            name=req.name, version=req.version, type=ComponentType.LIBRARY, bom_ref=f"pip:{req.name}",
-            purl=PackageURL("pypi", None, req.name, req.version), hashes=sha(req.sha256),
-            properties=props(kind="pip-build-requirement")))
-
-    root = Component(
-        name="torch", version=version, type=ComponentType.LIBRARY, bom_ref="wheel",
-        purl=PackageURL("pypi", None, "torch", version), hashes=sha(record.wheel.sha256),
-        pedigree=Pedigree(
-            ancestors=[Component(name="pytorch", version=src.tag, type=ComponentType.LIBRARY,
-                                 bom_ref="ancestor:source")],
-            commits=[Commit(uid=src.commit, url=XsUri(src.repo))],
-            patches=[Patch(type=PatchClassification.UNOFFICIAL,
-                           diff=Diff(url=XsUri(f"patches/{spec.torch}/{p.file}"))) for p in record.patches]),
-        properties=props(wheel=record.wheel.name, build_id=record.build_id,
-                         **{f"toolchain:{k}": v for k, v in sorted(record.toolchain.items())}))
-    tools = ToolRepository(components=[Component(name="patcher", version=__version__,
-                                                 type=ComponentType.APPLICATION, bom_ref="tool:patcher")])
-    bom = Bom(serial_number=uuid.uuid5(SBOM_NAMESPACE, record.wheel.sha256),
-              metadata=BomMetaData(component=root, timestamp=sbom_timestamp(record), tools=tools))
-    for comp in components:
-        bom.components.add(comp)
-    bom.register_dependency(root, components)
-    return (JsonV1Dot6(bom).output_as_string(indent=2) + "\n").encode("utf-8")
+    return sbom.build_sbom(record, spec, wheel_path=wheel_path, inventory=inventory,
+                           timestamp=sbom_timestamp(record), reproducibility=reproducibility, supplier=supplier)
 
 
 # --------------------------------------------------------------------------------------------
@@ -440,7 +366,16 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
     else:
         raise EvidenceFormatError(f"build log {log_path} does not exist and the record has no log_sha256")
 
-    sbom = build_sbom(record, spec)
+    from patcher import sbom as sbom_mod
+
+    inventory = sbom_mod.load_inventory(record_dir)
+    if inventory is not None and inventory.wheel_sha256 != record.wheel.sha256:
+        raise EvidenceFormatError(f"the image inventory beside {record_path.name} is of another wheel "
+                                  f"(sha256 {inventory.wheel_sha256[:16]}), not {record.wheel.name}",
+                                  hint="scan the builder image again for this wheel, or remove the stale inventory")
+    sbom = build_sbom(record, spec, wheel_path=wheel_path, inventory=inventory,
+                      reproducibility=sbom_mod.read_reproducibility(record_path),
+                      supplier=f"patcher rebuild, signing key {keyid_of(key.public_key())[:16]}")
     sbom_name = record.wheel.name + SBOM_SUFFIX
     byproducts = [
         {"name": report.name, "digest": {"sha256": report.sha256}, "mediaType": "application/json",
@@ -450,7 +385,7 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
         {"name": Path(record.log_path).name, "digest": {"sha256": log_sha256}, "mediaType": "text/plain",
          "annotations": {"kind": "build-log"}},
     ]
-    statement = build_statement(record, spec, byproducts)
+    statement = build_statement(record, spec, byproducts, inventory)
     envelope = sign_envelope(canonical_json(statement), key)
     # Everything is computed: only now touch the file system.
     out = Path(out_dir) if out_dir is not None else wheel_path.parent
