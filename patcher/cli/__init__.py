@@ -51,6 +51,7 @@ def _register() -> None:
         probe_cmd,
         publish_cmd,
         render_cmd,
+        report_cmd,
         source_cmd,
     )
 
