@@ -48,6 +48,7 @@ class Overrides:
 class Settings:
     catalog: Path = DEFAULT_CATALOG
     matrix: Path = DEFAULT_MATRIX
+    advisories: Path | None = None   # a site's own advisories/assessments, laid over patcher's
     mirror: str | None = None
     git_mirror: str | None = None
     files_mirror: str | None = None
@@ -119,7 +120,7 @@ class Settings:
                 value = data.get(name)
             if value is None:
                 continue
-            if name in {"catalog", "matrix", "work_dir", "cache_dir", "key_path"}:
+            if name in {"catalog", "matrix", "work_dir", "cache_dir", "key_path", "advisories"}:
                 value = Path(str(value)).expanduser()
             values[name] = value
         raw_overrides = data.get("overrides", {})

@@ -273,3 +273,23 @@ class CompileCheckFailedError(PatcherError):
 
 class CompileCheckSetupError(PatcherError):
     exit_code = 91
+
+
+# --- evidence, continued (6x): the VEX ------------------------------------------------------
+class VexMismatchError(PatcherError):
+    """The VEX beside a wheel is missing or is not the one the evidence signed."""
+
+    exit_code = 67
+
+
+# --- advisories (10x) ----------------------------------------------------------------------
+class AdvisoryDataError(PatcherError):
+    """The advisory data (patcher's or a site's) is missing, malformed or inconsistent."""
+
+    exit_code = 100
+
+
+class AdvisoryClaimError(PatcherError):
+    """A claim an assessment makes about the source (code absent, build guard) does not hold."""
+
+    exit_code = 101

@@ -6,6 +6,7 @@ Beside a certified wheel ``W`` lie (names fixed, the index publishes them the sa
                      subject is W (name + sha256) and whose predicate is SLSA provenance v1
     W.cdx.json       CycloneDX SBOM of what went into W (byte-stable for one build)
     W.probe.json     the probe report, as the probe wrote it
+    W.vex.json       CycloneDX VEX: every published torch advisory and its state for W (vex.py)
 
 The statement binds the other two by digest (runDetails.byproducts), so verifying the one
 signature covers the wheel, the SBOM, the probe report and the patch series.  Everything
@@ -44,6 +45,7 @@ from patcher.errors import (
 from patcher.keys import keyid_of, load_private_key, load_public_key
 from patcher.record import BuildRecord, load_record
 from patcher.spec import BuildSpec
+from patcher.vex import VEX_SUFFIX
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"
@@ -55,7 +57,7 @@ BUILDER_ID = "urn:patcher:builder:docker"
 PROVENANCE_SUFFIX = ".intoto.jsonl"
 SBOM_SUFFIX = ".cdx.json"
 PROBE_SUFFIX = ".probe.json"
-EVIDENCE_SUFFIXES = (PROVENANCE_SUFFIX, SBOM_SUFFIX, PROBE_SUFFIX)
+EVIDENCE_SUFFIXES = (PROVENANCE_SUFFIX, SBOM_SUFFIX, PROBE_SUFFIX, VEX_SUFFIX)
 
 # uuid5 namespace for SBOM serial numbers: the serial is uuid5(namespace, wheel sha256).
 SBOM_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:patcher:sbom")
@@ -305,6 +307,7 @@ class CertifyResult:
     probe_report: Path
     keyid: str
     probe_passed: bool
+    vex: Path | None = None
 
 
 def _stage_and_replace(files: dict[Path, bytes | Path]) -> None:
@@ -335,7 +338,7 @@ def _stage_and_replace(files: dict[Path, bytes | Path]) -> None:
 
 
 def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir: Path | None = None,
-            allow_failed_probe: bool = False) -> CertifyResult:
+            allow_failed_probe: bool = False, advisories_file: Path | None = None) -> CertifyResult:
     record_path = Path(record_path)
     record = load_record(record_path)
     spec = _spec_of(record)
@@ -377,11 +380,15 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
                       reproducibility=sbom_mod.read_reproducibility(record_path),
                       supplier=f"patcher rebuild, signing key {keyid_of(key.public_key())[:16]}")
     sbom_name = record.wheel.name + SBOM_SUFFIX
+    vex_doc = _build_vex(record, spec, report, advisories_file)
+    vex_name = record.wheel.name + VEX_SUFFIX
     byproducts = [
         {"name": report.name, "digest": {"sha256": report.sha256}, "mediaType": "application/json",
          "annotations": {"kind": "probe-report", "passed": report.passed}},
         {"name": sbom_name, "digest": {"sha256": hashlib.sha256(sbom).hexdigest()},
          "mediaType": "application/vnd.cyclonedx+json", "annotations": {"kind": "sbom"}},
+        {"name": vex_name, "digest": {"sha256": hashlib.sha256(vex_doc).hexdigest()},
+         "mediaType": "application/vnd.cyclonedx+json", "annotations": {"kind": "vex"}},
         {"name": Path(record.log_path).name, "digest": {"sha256": log_sha256}, "mediaType": "text/plain",
          "annotations": {"kind": "build-log"}},
     ]
@@ -396,6 +403,7 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
     targets = {
         out / report.name: report.data,
         out / sbom_name: sbom,
+        out / vex_name: vex_doc,
         out / (record.wheel.name + PROVENANCE_SUFFIX): canonical_json(envelope) + b"\n",
     }
     out_wheel = out / record.wheel.name
@@ -407,7 +415,17 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
         raise EvidenceFormatError(f"cannot write evidence into {out}: {exc.strerror}") from None
     return CertifyResult(wheel=out_wheel, provenance=out / (record.wheel.name + PROVENANCE_SUFFIX),
                          sbom=out / sbom_name, probe_report=out / report.name,
-                         keyid=keyid_of(key.public_key()), probe_passed=report.passed)
+                         keyid=keyid_of(key.public_key()), probe_passed=report.passed, vex=out / vex_name)
+
+
+def _build_vex(record: BuildRecord, spec: BuildSpec, report: ProbeReportFile, advisories_file: Path | None) -> bytes:
+    from patcher import vex
+
+    findings, data = vex.findings_for_build(record, spec, report.data, advisories_file)
+    return vex.build_vex(wheel_name=record.wheel.name, wheel_sha256=record.wheel.sha256,
+                         torch_version=f"{spec.torch}+{spec.local_label}", findings=findings, sources=data.sources,
+                         sbom_serial=str(uuid.uuid5(SBOM_NAMESPACE, record.wheel.sha256)),
+                         timestamp=_rfc3339(sbom_timestamp(record)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +441,8 @@ class VerifyResult:
     probe_report: str = ""
     sbom: str = ""
     trust_overrides: list[dict[str, str]] = field(default_factory=list)
+    vex: str = ""
+    vex_states: dict[str, int] = field(default_factory=dict)
 
 
 def read_series(catalog: Path, torch: str) -> list[tuple[str, str]]:
@@ -545,6 +565,11 @@ def verify(wheel: Path, public_key_path: Path, catalog: Path) -> VerifyResult:
 
     # 3. the SBOM and the probe report beside the wheel are the signed ones, and the probe passed
     sbom = _check_beside(wheel, _byproduct(predicate, "sbom"), "SBOM")
+    from patcher import vex
+
+    vex_path = vex.check_beside(wheel, next((b for b in predicate.get("runDetails", {}).get("byproducts", [])
+                                             if isinstance(b, dict) and b.get("annotations", {}).get("kind") == "vex"),
+                                            None))
     probe_path = _check_beside(wheel, _byproduct(predicate, "probe-report"), "probe report")
     report = read_probe_report(probe_path)
     if not report.passed:
@@ -552,4 +577,5 @@ def verify(wheel: Path, public_key_path: Path, catalog: Path) -> VerifyResult:
                                         hint="the wheel is not proven; do not publish it")
     return VerifyResult(wheel=wheel.name, sha256=actual, keyid=keyid_of(public_key), build_id=str(build_id),
                         torch=str(torch), patches=[str(n) for n, _ in signed_series],
-                        probe_report=probe_path.name, sbom=sbom.name, trust_overrides=list(overrides))
+                        probe_report=probe_path.name, sbom=sbom.name, trust_overrides=list(overrides),
+                        vex=vex_path.name, vex_states=vex.summary(vex_path))

@@ -107,7 +107,7 @@ def test_two_certify_runs_give_identical_bytes(certified_bundle, tmp_path):
     b = certified_bundle
     for run in ("one", "two"):
         evidence.certify(b.record, b.probe_report, b.key, out_dir=tmp_path / run)
-    for suffix in (".cdx.json", ".intoto.jsonl", ".probe.json", ""):
+    for suffix in (".cdx.json", ".intoto.jsonl", ".probe.json", ".vex.json", ""):
         name = b.wheel.name + suffix
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     # and equal to the first certification, made in another directory, earlier
@@ -154,7 +154,7 @@ def test_certify_cli_writes_evidence_and_never_prints_the_key(certified_bundle, 
     assert res.exit_code == 0, res.stderr
     assert "certified " + b.wheel.name in res.stdout
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [b.wheel.name] + [b.wheel.name + s for s in (".cdx.json", ".intoto.jsonl", ".probe.json")])
+        [b.wheel.name] + [b.wheel.name + s for s in (".cdx.json", ".intoto.jsonl", ".probe.json", ".vex.json")])
     private = b.key.read_text()
     body = "".join(private.strip().splitlines()[1:-1])
     for text in (res.stdout, res.stderr):

@@ -45,9 +45,9 @@ def test_publish_certified_wheel_writes_every_page_and_the_evidence(certified_bu
     assert f"published {b.wheel.name}" in res.stdout
     assert (idx / "simple").is_symlink()
     files = idx / "files"
-    for suffix in ("", ".metadata", ".intoto.jsonl", ".cdx.json", ".probe.json"):
+    for suffix in ("", ".metadata", ".intoto.jsonl", ".cdx.json", ".probe.json", ".vex.json"):
         assert (files / (b.wheel.name + suffix)).is_file(), suffix
-    for suffix in ("", ".intoto.jsonl", ".cdx.json", ".probe.json"):
+    for suffix in ("", ".intoto.jsonl", ".cdx.json", ".probe.json", ".vex.json"):
         assert (files / (b.wheel.name + suffix)).read_bytes() == (b.dist / (b.wheel.name + suffix)).read_bytes()
     with zipfile.ZipFile(b.wheel) as zf:
         metadata = zf.read("torch-1.4.0+cu101.pt1.dist-info/METADATA")
@@ -78,7 +78,8 @@ def test_publish_certified_wheel_writes_every_page_and_the_evidence(certified_bu
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", f["upload-time"])
     assert f["_patcher_evidence"] == {"intoto.jsonl": f"../../files/{b.wheel.name}.intoto.jsonl",
                                       "cdx.json": f"../../files/{b.wheel.name}.cdx.json",
-                                      "probe.json": f"../../files/{b.wheel.name}.probe.json"}
+                                      "probe.json": f"../../files/{b.wheel.name}.probe.json",
+                                      "vex.json": f"../../files/{b.wheel.name}.vex.json"}
     # the published copy still verifies
     res = patcher_cli("verify", files / b.wheel.name, "--key", b.public_key, "--catalog", b.catalog)
     assert res.exit_code == 0, res.stderr

@@ -43,6 +43,7 @@ def cli(ctx: click.Context, config_file, catalog, matrix_file, mirror) -> None:
 def _register() -> None:
     # Imported here so each module can `from patcher.cli import cli` without a cycle.
     from patcher.cli import (  # noqa: F401
+        advisories_cmd,
         build_cmd,
         check_cmd,
         evidence_cmd,
