@@ -46,6 +46,9 @@ def _pinned_base(client, scratch: Path) -> tuple[str, subprocess.Popen | None]:
 
     from patcher.baseimage import BaseImageRequest, make_base_image, push_image
     from patcher.config import Settings
+    from patcher.container import Engine
+
+    engine = Engine(client, "the benchmark engine")
 
     try:
         image = client.images.get(BASE_TAG)
@@ -53,7 +56,7 @@ def _pinned_base(client, scratch: Path) -> tuple[str, subprocess.Popen | None]:
         image = None
     if image is None or (image.labels or {}).get(BASE_LABEL[0]) != BASE_LABEL[1]:
         make_base_image(BaseImageRequest(suite="bullseye", tag=BASE_TAG, labels=dict([BASE_LABEL])), Settings(),
-                        api=client.api)
+                        engine=engine)
         image = client.images.get(BASE_TAG)
     for digest_ref in image.attrs.get("RepoDigests") or []:
         repo, digest = digest_ref.split("@")
@@ -65,7 +68,7 @@ def _pinned_base(client, scratch: Path) -> tuple[str, subprocess.Popen | None]:
     registry = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     time.sleep(2)
-    pinned = push_image(client.api, image.tags[0] if image.tags else image.id, f"127.0.0.1:{port}")
+    pinned = push_image(engine, image.tags[0] if image.tags else image.id, f"127.0.0.1:{port}")
     return pinned, registry
 
 

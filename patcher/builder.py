@@ -345,8 +345,15 @@ def stage_probe(b: Build) -> tuple[ProbeOutcome, str]:
 
 
 def stage_certify(b: Build) -> tuple[CertifyOutcome, str]:
-    from patcher import evidence
+    from patcher import evidence, keys
+    from patcher.config import DEFAULT_KEY_PATH
 
+    if b.settings.key_path == DEFAULT_KEY_PATH and not DEFAULT_KEY_PATH.exists():
+        # A first build on a machine signs with a new key rather than failing after hours; a
+        # configured key that is missing stays an error (certify says so).
+        made = keys.generate_key(DEFAULT_KEY_PATH)
+        b.progress.note(f"no signing key yet: made {DEFAULT_KEY_PATH} (key id {made.keyid[:16]}); "
+                        f"`patcher keys export` gives its public key to verifiers")
     result = evidence.certify(b.workdir.record_path, b.dir / b.record.probe_report, b.settings.key_path,
                               out_dir=b.workdir.dist)
     files = EvidenceFiles(provenance=str(Path(result.provenance).relative_to(b.dir)),

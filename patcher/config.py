@@ -44,6 +44,11 @@ class Overrides:
     artifacts: dict[str, str] = field(default_factory=dict)
 
 
+# The signing key a build makes on first use when none is configured (patcher keys generate makes
+# one anywhere).
+DEFAULT_KEY_PATH = Path.home() / ".config" / "patcher" / "signing-key.pem"
+
+
 @dataclass(frozen=True)
 class Settings:
     catalog: Path = DEFAULT_CATALOG
@@ -57,7 +62,7 @@ class Settings:
     registry: str | None = None
     work_dir: Path = Path("work")
     cache_dir: Path = Path.home() / ".cache" / "patcher"
-    key_path: Path = Path.home() / ".config" / "patcher" / "signing-key.pem"
+    key_path: Path = DEFAULT_KEY_PATH
     docker_host: str | None = None
     overrides: Overrides = field(default_factory=Overrides)
     config_file: Path | None = None

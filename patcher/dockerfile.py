@@ -118,7 +118,8 @@ def build_packages(spec: BuildSpec, settings: Settings, matrix: dict[str, Any] |
     python_mode = "debian" if ("python" in debian and spec.python == img.get("system_python")) else "venv"
     pip: list[PipRequirement] = []
     if python_mode == "debian":
-        apt += ["python3", "python3-dev", *debian["python"]]
+        # python3-venv: the build's probe stage installs the wheel into a venv in this image.
+        apt += ["python3", "python3-dev", "python3-venv", *debian["python"]]
     else:
         apt += [f"python{spec.python}", f"python{spec.python}-dev", f"python{spec.python}-venv"]
         wheels = m.get("pip", {}).get("wheels", {})

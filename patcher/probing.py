@@ -320,7 +320,8 @@ def _run_container(engine, image: str, script: str, payload: dict[str, bytes | P
                                  env={"PYTHONPATH": CONTAINER_DIR, "PYTHONDONTWRITEBYTECODE": "1", **options.extra_env},
                                  labels={"org.patcher.probe": "1"})
         with Container(engine, config) as container:
-            container.put_files(CONTAINER_DIR, payload)
+            parent, _, name = CONTAINER_DIR.rpartition("/")
+            container.put_files(parent, {f"{name}/{path}": content for path, content in payload.items()})
             container.start()
             status = container.wait(options.timeout)
             log = container.logs()

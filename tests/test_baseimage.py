@@ -83,13 +83,13 @@ def test_docker_unavailable(patcher_cli, tmp_path):
     assert res.exit_code == 40 and "not reachable" in res.stderr and "Traceback" not in res.stderr
 
 
-def test_push_to_unreachable_registry(docker_client, bullseye_base_image, no_leaks):
+def test_push_to_unreachable_registry(docker_client, docker_engine, bullseye_base_image, no_leaks):
     from patcher.baseimage import push_image
     from patcher.errors import RegistryError
 
     registry = f"127.0.0.1:{free_port()}"
     with pytest.raises(RegistryError) as err:
-        push_image(docker_client.api, bullseye_base_image.tag, registry)
+        push_image(docker_engine, bullseye_base_image.tag, registry)
     assert registry in str(err.value)
     assert not [t for t in docker_client.images.get(bullseye_base_image.tag).tags if t.startswith(registry)]
 

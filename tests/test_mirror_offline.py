@@ -102,7 +102,7 @@ def _standin_upstream_with_nested_submodule(standin_root: Path, git_root: Path) 
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_standin_builds_to_a_wheel_from_the_mirror_alone(tmp_path, docker_client, bullseye_base_image, no_leaks,
+def test_standin_builds_to_a_wheel_from_the_mirror_alone(tmp_path, docker_client, docker_engine, bullseye_base_image, no_leaks,
                                                          ccache_volume_name):
     """Sync from a loopback upstream (git, an HTTP file server, a registry), take it all away,
     check the mirror, and `patcher build` the stand-in to a wheel from the mirror alone."""
@@ -126,7 +126,7 @@ def test_standin_builds_to_a_wheel_from_the_mirror_alone(tmp_path, docker_client
     mirror, work, moved = tmp_path / "mirror", tmp_path / "work", tmp_path / "upstream-gone"
     image_tag = digest = None
     try:
-        pinned = push_image(docker_client.api, bullseye_base_image.tag, upstream_registry.url)
+        pinned = push_image(docker_engine, bullseye_base_image.tag, upstream_registry.url)
         ref, digest = pinned.split("@")
         matrix = tomllib.loads(standin.matrix.read_text())
         matrix["images"]["debian-bullseye"].update(ref=ref, digest=digest)

@@ -65,7 +65,7 @@ def test_builder_image_has_the_toolchain(docker_client, builder_image_cpu_1131, 
     assert b"toolchain-ok" in out, out.decode(errors="replace")
 
 
-def test_failed_build_is_one_error_and_leaves_nothing(docker_client, bullseye_base_image, no_leaks):
+def test_failed_build_is_one_error_and_leaves_nothing(docker_client, docker_engine, bullseye_base_image, no_leaks):
     from patcher.dockerfile import RenderedDockerfile, build_image
     from patcher.errors import ImageBuildError
 
@@ -73,6 +73,6 @@ def test_failed_build_is_one_error_and_leaves_nothing(docker_client, bullseye_ba
     broken = RenderedDockerfile(text=text, sha256="0" * 64, image_tag="patcher-test/broken:never",
                                 build_id="broken-test")
     with pytest.raises(ImageBuildError) as err:
-        build_image(docker_client.api, broken)
+        build_image(docker_engine, broken)
     assert "docker build of broken-test failed" in str(err.value) and "\n" not in str(err.value)
     assert not docker_client.images.list(name="patcher-test/broken")

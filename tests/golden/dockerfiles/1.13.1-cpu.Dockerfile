@@ -48,6 +48,7 @@ RUN apt-get update \
       python3-pybind11 \
       python3-setuptools \
       python3-typing-extensions \
+      python3-venv \
       python3-wheel \
       python3-yaml \
       xz-utils \
