@@ -462,10 +462,10 @@ def _locked(layout: IndexLayout) -> Iterator[None]:
         fh.close()
 
 
-def _write(path: str | Path, text: str) -> None:
+def _write(path: str | Path, text: str, dir_fd: int | None = None) -> None:
     """Write a new file (a page file is never rewritten in place: generations share them)."""
     data = text.encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -611,33 +611,36 @@ def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[s
         removed = [p for p in removed if layout.page_version(current, p) is not None]
     else:
         removed = []
-    rendered = {}
-    for project, files in changed.items():
-        ordered = sorted(files, key=lambda f: f.sort_key)
-        html_text, json_text = render_project_html(project, ordered), render_project_json(project, ordered)
-        if whole and current is not None and _pages_unchanged(
-                layout, project, layout.page_version(current, project), html_text, json_text):
-            continue
-        rendered[project] = (html_text, json_text)
     gen = _next_generation(layout, current)
+    # The note names every project that may get a page version of this generation; it lets
+    # the next publish remove them if this one dies.
+    _write_pending(layout, {"generation": gen, "projects": sorted({*changed, *removed})})
+    rendered: set[str] = set()
+    projects_dir = str(layout.projects)
+    projects_fd = os.open(projects_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for project, files in changed.items():
+            ordered = sorted(files, key=lambda f: f.sort_key)
+            html_text, json_text = render_project_html(project, ordered), render_project_json(project, ordered)
+            if whole and current is not None and _pages_unchanged(
+                    layout, project, layout.page_version(current, project), html_text, json_text):
+                continue
+            # No staging name needed: nothing links to pdir/gen until the generation switches.
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(project, dir_fd=projects_fd)
+            target = f"{project}/{gen}"
+            try:
+                os.mkdir(target, dir_fd=projects_fd)
+            except FileExistsError:  # left by a publish that died before its generation existed
+                shutil.rmtree(os.path.join(projects_dir, target))
+                os.mkdir(target, dir_fd=projects_fd)
+            _write(f"{target}/index.html", html_text, dir_fd=projects_fd)
+            _write(f"{target}/index.json", json_text, dir_fd=projects_fd)
+            rendered.add(project)
+    finally:
+        os.close(projects_fd)
     touched = sorted({*rendered, *removed})
     note: dict[str, Any] = {"generation": gen, "projects": touched}
-    _write_pending(layout, note)
-    projects_dir = str(layout.projects)
-    for project, (html_text, json_text) in rendered.items():
-        # No staging name needed: nothing links to pdir/gen until the generation switches, and
-        # the pending note lets the next publish remove it if this one dies.
-        pdir = os.path.join(projects_dir, project)
-        target = os.path.join(pdir, gen)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(pdir)
-        try:
-            os.mkdir(target)
-        except FileExistsError:  # left by a publish that died before its generation existed
-            shutil.rmtree(target)
-            os.mkdir(target)
-        _write(os.path.join(target, "index.html"), html_text)
-        _write(os.path.join(target, "index.json"), json_text)
     _pause_for_tests()
     plan = None if whole else _recycle_plan(layout, layout.live_generations(current), touched)
     if plan is None:
@@ -681,7 +684,7 @@ def _recycle_plan(layout: IndexLayout, live: list[str], touched: list[str]) -> t
     return base, projects
 
 
-def _build_whole(layout: IndexLayout, gen: str, current: str | None, rendered: dict[str, Any],
+def _build_whole(layout: IndexLayout, gen: str, current: str | None, rendered: set[str],
                  removed: list[str]) -> str:
     """A new generation directory with one link per project (cost grows with the index)."""
     staging = str(layout.generations / f".tmp-{gen}")
@@ -695,12 +698,16 @@ def _build_whole(layout: IndexLayout, gen: str, current: str | None, rendered: d
     projects = sorted(versions)
     _write(os.path.join(staging, "index.html"), render_root_html(projects))
     _write(os.path.join(staging, "index.json"), render_root_json(projects))
-    for project in projects:  # plain strings: this loop runs once per project in the index
-        os.symlink(f"../../.projects/{project}/{versions[project]}", f"{staging}/{project}")
+    staging_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for project in projects:  # plain strings: this loop runs once per project in the index
+            os.symlink(f"../../.projects/{project}/{versions[project]}", project, dir_fd=staging_fd)
+    finally:
+        os.close(staging_fd)
     return staging
 
 
-def _recycle(layout: IndexLayout, plan: tuple[str, set[str]], gen: str, current: str, rendered: dict[str, Any],
+def _recycle(layout: IndexLayout, plan: tuple[str, set[str]], gen: str, current: str, rendered: set[str],
              removed: list[str], note: dict[str, Any]) -> tuple[str, dict[str, str]]:
     """Turn the oldest kept generation into the new one: rename it out of the readers' way,
     then change only the links (and root pages) that differ.  Returns the staging directory
