@@ -6,7 +6,10 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 #   unzip + libmagic1: diffoscope (patcher build --check-reproducible) compares wheels with them
-PKGS="mmdebstrap uidmap docker-registry python3-torch python3-venv git curl xz-utils dpkg-dev ca-certificates make unzip libmagic1"
+#   chromium + poppler-utils + fonts-dejavu-core: `patcher report --pdf`, and the report tests render
+#   the page in headless Chromium and its PDF pages with pdftoppm/pdftotext; gcc/g++/binutils: the SBOM
+#   tests compile real ELF files and cross-check the ELF reader with readelf
+PKGS="mmdebstrap uidmap docker-registry python3-torch python3-venv git curl xz-utils dpkg-dev ca-certificates make unzip libmagic1 chromium poppler-utils fonts-dejavu-core gcc g++ binutils"
 missing=$(for p in $PKGS; do dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q "install ok installed" || echo "$p"; done)
 if [ -n "$missing" ]; then
   apt-get update -qq

@@ -257,7 +257,7 @@ def collect(target: Path, public_key: Path | None, catalog: Path | None) -> Repo
         repro = {"reproducible": "not recorded" if asked else "not checked",
                  "note": "the build ran without --check-reproducible" if not asked else
                  "the build asked for the check but the signed SBOM holds no result"}
-    key_hint = str(public_key) if public_key else "PUBLIC-KEY.pem"
+    key_hint = Path(public_key).name if public_key else "PUBLIC-KEY.pem"
     commands = [
         ("the wheel is the signed one", f"sha256sum {wheel.name}    # expect {wheel_sha}"),
         ("signature, digests, patch series, probe", f"patcher verify {wheel.name} --key {key_hint}"),
