@@ -1,4 +1,4 @@
-"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0105).
+"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0108).
 
 Each check feeds the vulnerable entry point a harmless trigger and passes when the input is
 refused cleanly.  A stock torch that still has the defect fails the check; the checks are not
@@ -11,9 +11,14 @@ the signal as a failure.  Before each trigger a control call (the same entry poi
 input) must work, so that a torch which refuses everything cannot pass by accident.
 """
 
+import importlib.util
 import io
+import os
 import pickle
+import shutil
+import struct
 import sys
+import tempfile
 import zipfile
 
 from ..framework import Fail, Finding, Skip, check
@@ -352,3 +357,223 @@ def cve_2024_31583(ctx):
     instructions, and when the instruction runs): the child usually dies of SIGSEGV.
     """
     return _run_malformed_bytecode(ctx, "OP", 7, "CVE-2024-31583")
+
+
+
+# --- CVE-2025-32434: torch.load(weights_only=True) runs a TorchScript archive's code -------------
+# The payload module is written to a temporary file and imported from there, so that TorchScript
+# can read its source on every Python.  Its __setstate__ (run whenever the archive is loaded)
+# writes the letter P into the marker file it names, through torch.from_file(shared=True).
+PAYLOAD_SOURCE = """\
+from typing import List
+
+import torch
+
+
+class Payload(torch.nn.Module):
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    @torch.jit.export
+    def __getstate__(self) -> List[str]:
+        return [self.path]
+
+    @torch.jit.export
+    def __setstate__(self, state: List[str]) -> None:
+        self.path = state[0]
+        self.training = False
+        written = torch.from_file(state[0], True, 8, dtype=torch.uint8)
+        written.fill_(80)
+        if int(written[0]) != 80:
+            self.path = ""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+"""
+MARKER_CLEAN = b"\0" * 8
+
+
+def _torchscript_payload(torch, workdir, marker):
+    path = os.path.join(workdir, "patcher_probe_payload.py")
+    with open(path, "w") as fh:
+        fh.write(PAYLOAD_SOURCE)
+    spec = importlib.util.spec_from_file_location("patcher_probe_payload", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["patcher_probe_payload"] = module
+    spec.loader.exec_module(module)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(module.Payload(marker)), buf)
+    return buf.getvalue()
+
+
+def _read(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _reset(path):
+    with open(path, "wb") as fh:
+        fh.write(MARKER_CLEAN)
+
+
+def _weights_only_control(torch):
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf)
+    buf.seek(0)
+    try:
+        back = torch.load(buf, weights_only=True)
+    except Exception as exc:
+        raise Fail("torch.load(weights_only=True) refused a plain state dict: %s: %s"
+                   % (type(exc).__name__, _first_line(exc))) from None
+    if back["w"].tolist() != [0.0, 1.0, 2.0, 3.0]:
+        raise Fail("torch.load(weights_only=True) gave %r for a plain state dict" % (back,))
+
+
+@check("security.cve_2025_32434", torch=">=1.13", device="cpu", patches=("PT-0106",), required=False,
+       isolate=True, timeout=120)
+def cve_2025_32434(ctx):
+    """torch.load(weights_only=True) of a TorchScript archive must refuse it, not run its code."""
+    torch = ctx.torch
+    _weights_only_control(torch)
+    workdir = tempfile.mkdtemp(prefix="patcher-probe-32434-")
+    try:
+        marker = os.path.join(workdir, "marker.bin")
+        _reset(marker)
+        archive = _torchscript_payload(torch, workdir, marker)
+        # control: the archive is a working TorchScript archive whose code runs when it is loaded
+        torch.jit.load(io.BytesIO(archive))
+        if _read(marker) != b"P" * 8:
+            raise Skip("this torch's TorchScript does not run the payload's __setstate__ through "
+                       "torch.jit.load; the trigger cannot be built")
+        _reset(marker)
+        details = {"archive_bytes": len(archive), "module_file": _module_files(["torch.serialization"])}
+        try:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loaded = torch.load(io.BytesIO(archive), weights_only=True)
+        except Exception as exc:
+            details["result"] = "refused: %s: %s" % (type(exc).__name__, _first_line(exc))
+            if _read(marker) != MARKER_CLEAN:
+                raise Finding("torch.load(weights_only=True) refused the archive only after its code "
+                              "wrote the marker file", details) from None
+            return details
+        details["result"] = "returned %s" % type(loaded).__name__
+        if _read(marker) != MARKER_CLEAN:
+            raise Finding("torch.load(weights_only=True) ran code from a TorchScript archive: it wrote "
+                          "the probe's marker file (CVE-2025-32434)", details)
+        raise Finding("torch.load(weights_only=True) loaded a TorchScript archive, whose code it runs "
+                      "(CVE-2025-32434)", details)
+    finally:
+        sys.modules.pop("patcher_probe_payload", None)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- CVE-2026-24747: weights_only unpickler, SETITEM on tensors and storage sizes ---------------
+def _pickle_str(text):
+    data = text.encode("utf-8")
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def _pickle_int(value):
+    return b"J" + struct.pack("<i", value)
+
+
+def _tensor_pickle(numel, size, tail=b""):
+    """A protocol 2 pickle of one float tensor over storage '0' declaring ``numel`` elements."""
+    return b"".join([
+        b"\x80\x02",
+        b"ctorch._utils\n_rebuild_tensor_v2\n",
+        b"(",                                             # args of _rebuild_tensor_v2
+        b"(", _pickle_str("storage"), b"ctorch\nFloatStorage\n", _pickle_str("0"), _pickle_str("cpu"),
+        _pickle_int(numel), b"t", b"Q",                   # persistent id -> the storage
+        _pickle_int(0),                                   # storage offset
+        b"(", _pickle_int(size), b"t",                    # size
+        b"(", _pickle_int(1), b"t",                       # stride
+        b"\x89",                                          # requires_grad False
+        b"ccollections\nOrderedDict\n)R",                 # backward hooks: OrderedDict()
+        b"t", b"R",
+        tail, b"."])
+
+
+def _checkpoint(data_pkl, record):
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", data_pkl)
+        archive.writestr("archive/data/0", record)
+        archive.writestr("archive/version", "3\n")
+    return out.getvalue()
+
+
+def _load_weights_only(torch, data):
+    try:
+        return "loaded", torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as exc:
+        # torch prefixes the unpickler's own error with a long advice: keep the error itself
+        text = " ".join(str(exc).split())
+        text = text.split("WeightsUnpickler error: ")[-1]
+        return "refused: %s: %s" % (type(exc).__name__, text[:240]), None
+
+
+def _module_files(names):
+    """The files the loader modules came from (a patched copy can be loaded in their place)."""
+    return dict((n, getattr(sys.modules.get(n), "__file__", None)) for n in names)
+
+
+@check("security.cve_2026_24747", torch=">=1.13", device="cpu", patches=("PT-0107",), required=False,
+       isolate=True, timeout=120)
+def cve_2026_24747(ctx):
+    """The weights_only loader must refuse SETITEM on a tensor and a storage larger than its record."""
+    torch = ctx.torch
+    record = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    outcome, control = _load_weights_only(torch, _checkpoint(_tensor_pickle(4, 4), record))
+    if control is None or control.tolist() != [1.0, 2.0, 3.0, 4.0]:
+        raise Fail("a hand-made checkpoint of one tensor did not load with weights_only=True (%s)" % outcome)
+    details = {"module_file": _module_files(["torch.serialization", "torch._weights_only_unpickler"])}
+    found = []
+    # 1. a storage declaring 65,536 floats over a record of 16 bytes
+    outcome, big = _load_weights_only(torch, _checkpoint(_tensor_pickle(1 << 16, 1 << 16), record))
+    details["oversized storage"] = outcome
+    if big is not None:
+        nbytes = big.storage().nbytes() if hasattr(big.storage(), "nbytes") else big.numel() * 4
+        details["oversized storage"] = "loaded: a %d-byte storage over a %d-byte record" % (nbytes, len(record))
+        found.append("a storage larger than its record")
+    # 2. SETITEM applied to the tensor itself: element 0 set to 7.0
+    outcome, written = _load_weights_only(
+        torch, _checkpoint(_tensor_pickle(4, 4, tail=_pickle_int(0) + _pickle_int(7) + b"s"), record))
+    details["SETITEM on a tensor"] = outcome
+    if written is not None:
+        details["SETITEM on a tensor"] = "loaded: element 0 is %r" % (float(written[0]),)
+        found.append("SETITEM writing into a tensor")
+    if found:
+        raise Finding("the weights_only loader accepted %s (CVE-2026-24747)" % " and ".join(found), details)
+    return details
+
+
+# --- CVE-2025-2148: None where an operator takes a Future ----------------------------------------
+@check("security.cve_2025_2148", torch=">=1.6", device="cpu", patches=("PT-0108",), required=False,
+       isolate=True, timeout=60)
+def cve_2025_2148(ctx):
+    """An operator given None for a Future argument must raise (stock torch dereferences it)."""
+    torch = ctx.torch
+    try:
+        op = torch.ops.profiler._call_end_callbacks_on_jit_fut
+    except (AttributeError, RuntimeError):
+        raise Skip("this torch has no profiler::_call_end_callbacks_on_jit_fut operator") from None
+    futures = getattr(torch, "futures", None)
+    if futures is None:
+        raise Skip("this torch has no torch.futures")
+    # control: a real Future goes through, and its value comes back once it completes
+    handle = torch.ops.profiler._record_function_enter("patcher_probe", None)
+    fut = futures.Future()
+    out = op(handle, fut)
+    fut.set_result(5)
+    if out.wait() != 5:
+        raise Fail("_call_end_callbacks_on_jit_fut did not pass the future's value through")
+    try:
+        op(torch.tensor(0), None)
+    except (RuntimeError, TypeError) as exc:
+        return {"none_future": "refused: %s: %s" % (type(exc).__name__, _first_line(exc))}
+    raise Finding("_call_end_callbacks_on_jit_fut accepted None for its Future argument",
+                  {"none_future": "accepted"})
