@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.errors import WorkDirError
+from patcher.errors import WheelInstallError, WorkDirError
 
 pytestmark = pytest.mark.docker
 
@@ -86,22 +86,21 @@ def test_readme_command_goes_to_a_verified_certified_wheel(standin, tmp_path, pa
 
 
 def test_after_a_failed_attempt_the_same_command_continues(standin, tmp_path, patcher_cli, no_leaks,
-                                                           ccache_volume_name):
+                                                           bullseye_base_image, ccache_volume_name):
     work = tmp_path / "work"
-    broken = tmp_path / "broken-wheelhouse"
-    broken.mkdir()
-    (broken / "not-a-wheel.whl").write_text("x")  # the probe's offline install fails on it
-    first = patcher_cli(*standin.build_args(work, "--ccache-volume", ccache_volume_name, "--probe-wheelhouse",
-                                            broken), env=standin.env)
-    assert first.exit_code != 0 and "Traceback" not in first.stderr
+    env = dict(standin.env, HOME=str(tmp_path / "home"))
+    # The first attempt fails at its probe: an image without Python.
+    first = patcher_cli(*standin.build_args(work, "--ccache-volume", ccache_volume_name, "--probe-image",
+                                            bullseye_base_image.tag), env=env)
+    assert first.exit_code == WheelInstallError.exit_code, first.stderr
+    assert "Traceback" not in first.stderr
     build_dir = work / standin.build_id
     record = json.loads((build_dir / "record.json").read_text())
     assert record["completed_stages"][-1] == "wheel"
-    res = patcher_cli(*standin.build_args(work, "--ccache-volume", ccache_volume_name, "--until", "probe"),
-                      env=standin.env)
+    res = patcher_cli(*standin.build_args(work, "--ccache-volume", ccache_volume_name), env=env)
     assert res.exit_code == 0, res.stderr
     assert "continuing after wheel" in res.stderr and "[configure] started" not in res.stderr
-    assert "[wheel] started" not in res.stderr and "[probe] done" in res.stderr
+    assert "[wheel] started" not in res.stderr and "[probe] done" in res.stderr and "[certify] done" in res.stderr
     again = json.loads((build_dir / "record.json").read_text())
     assert again["started"] == record["started"] and again["wheel"] == record["wheel"]
 
