@@ -575,7 +575,7 @@ def main():
     if part in ("all", "ops"):
         ops_part(result, out_dir, fname, t0)
     if part in ("all", "train"):
-        train_part(result)
+        train_part(result, lambda: json.dump(result, open(os.path.join(out_dir, fname), "w"), indent=1))
     result["total_seconds"] = time.time() - t0
     json.dump(result, open(os.path.join(out_dir, fname), "w"), indent=1)
     print("wrote", os.path.join(out_dir, fname), "in %.0f s" % result["total_seconds"])
@@ -624,10 +624,11 @@ def ops_part(result, out_dir, fname, t0):
     json.dump(result, open(os.path.join(out_dir, fname), "w"), indent=1)
 
 
-def train_part(result):
+def train_part(result, dump):
     # training: torch's atomic kernels first (flag off), then ours through the dispatcher (flag on)
     training = {"steps": TRAIN_STEPS, "optimizer": "SGD lr 0.01 momentum 0.9", "seed": 1234,
                 "steps_per_s_method": "steps 11..%d over wall time, synchronised" % TRAIN_STEPS}
+    result["training"] = training
     try:
         atomic = {}
         for kind in NETS:
@@ -635,6 +636,8 @@ def train_part(result):
             pb, sb, lb = train(kind, TRAIN_STEPS, False)
             atomic[kind] = {"bitwise_equal": same_params(pa, pb), "steps_per_s": [sa, sb], "final_loss": [la, lb]}
             print("atomic", kind, atomic[kind], flush=True)
+            training["torch_atomic_flag_off"] = atomic
+            dump()
         training["register_errors"] = ext.register_aten_cuda()
         # the flag no longer raises, and the dispatcher reaches our kernels
         training["after_registration_under_flag"] = flag_probes()
@@ -645,6 +648,8 @@ def train_part(result):
             ours[kind] = {"bitwise_equal": same_params(pa, pb), "steps_per_s": [sa, sb], "final_loss": [la, lb],
                           "steps_per_s_ratio_vs_atomic": statistics.mean([sa, sb]) / statistics.mean(atomic[kind]["steps_per_s"])}
             print("ours", kind, ours[kind], flush=True)
+            training["ours_flag_on"] = ours
+            dump()
         training["torch_atomic_flag_off"] = atomic
         training["ours_flag_on"] = ours
     except Exception:
