@@ -4,8 +4,9 @@ The catalog: ``patches/<version>/series`` names the patch files in order (one a 
 starts a comment); each file is a ``git format-patch`` mbox whose commit message ends with the
 trailers ``Patch-Id`` (PT-NNNN), ``Applies-To`` (a PEP 440 specifier that must contain the
 directory's version), ``Category`` (bugfix | security | determinism | build), ``Upstream-Bug``
-and ``Upstream-Fix`` (comma-separated URLs, or ``none``) and ``Probe`` (comma-separated probe
-check ids).  Every patch is parsed and validated before any tree is touched; each kind of
+and ``Upstream-Fix`` (comma-separated URLs, or ``none``), ``Probe`` (comma-separated probe
+check ids) and ``Upstream-Tests`` (upstream's own tests that exercise the patched code: pytest
+node ids or ``FILE -k "EXPR"`` selections relative to the tree's ``test/``).  Every patch is parsed and validated before any tree is touched; each kind of
 damage has its own message.
 
 Applying is exact: every hunk's old lines must be found at the line its header names (no fuzz,
@@ -26,6 +27,7 @@ import functools
 import hashlib
 import os
 import re
+import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,13 +40,14 @@ from unidiff.errors import UnidiffParseError
 
 from patcher.errors import (
     DirtyTreeError,
+    HostilePatchError,
     PatchApplyError,
     PatchFormatError,
     PatchNotFoundError,
 )
-from patcher.source import GitCommandFailed, last_line, reports_failures_as, run_git, tree_hash
+from patcher.source import _GIT_CONFIG, GitCommandFailed, last_line, reports_failures_as, run_git, tree_hash
 
-TRAILERS = ("Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe")
+TRAILERS = ("Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe", "Upstream-Tests")
 CATEGORIES = ("bugfix", "security", "determinism", "build")
 PATCH_ID_RE = re.compile(r"^PT-\d{4}$")
 PROBE_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -63,6 +66,28 @@ _FORMAT_PATCH = ("-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false",
 
 # --- the model -------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class UpstreamTest:
+    """One selection of upstream's own tests, relative to the tree's ``test/`` directory.
+
+    Either a pytest node id (``test_jit.py::TestScript::test_calls_in_type_annotations``) or a
+    file with a ``-k`` expression (``test_nn.py -k "CTCLoss or ctc_loss"``).
+    """
+
+    file: str  # e.g. "test_nn.py" or "jit/test_save_load.py"
+    node: tuple[str, ...] = ()  # class / function names after the file
+    keyword: str | None = None  # a pytest -k expression
+
+    def __str__(self) -> str:
+        if self.keyword is not None:
+            return f'{self.file} -k "{self.keyword}"'
+        return "::".join((self.file, *self.node))
+
+    @property
+    def node_id(self) -> str | None:
+        return "::".join((self.file, *self.node)) if self.node else None
+
+
+@dataclass(frozen=True)
 class Hunk:
     header: str
     old_start: int
@@ -80,13 +105,16 @@ class FileChange:
     old_path: str | None  # None: the patch creates the file
     new_path: str | None  # None: the patch deletes the file
     hunks: tuple[Hunk, ...]
+    added: int = 0  # "+" lines, as `git apply --numstat` counts them
+    removed: int = 0  # "-" lines
 
     @property
     def path(self) -> str:
         return self.new_path or self.old_path or "?"
 
     def reversed(self) -> FileChange:
-        return FileChange(self.new_path, self.old_path, tuple(h.reversed() for h in self.hunks))
+        return FileChange(self.new_path, self.old_path, tuple(h.reversed() for h in self.hunks),
+                          self.removed, self.added)
 
 
 @dataclass(frozen=True)
@@ -115,9 +143,14 @@ class Patch:
     def probes(self) -> tuple[str, ...]:
         return _split_list(self.trailers["Probe"])
 
+    @property
+    def upstream_tests(self) -> tuple[UpstreamTest, ...]:
+        return parse_upstream_tests(self.trailers["Upstream-Tests"])
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         del data["text"], data["changes"]
+        data["upstream_tests"] = [str(t) for t in self.upstream_tests]
         return data
 
 
@@ -130,6 +163,11 @@ class Series:
     @property
     def ids(self) -> list[str]:
         return [p.id for p in self.patches]
+
+    @property
+    def upstream_tests(self) -> tuple[UpstreamTest, ...]:
+        """The union of the patches' Upstream-Tests, in series order, each once."""
+        return tuple(dict.fromkeys(t for p in self.patches for t in p.upstream_tests))
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "directory": self.directory,
@@ -249,6 +287,12 @@ def parse_patch(data: bytes, name: str, version: str, path: str = "") -> Patch:
     _validate_trailers(trailers, version, fail)
 
     diff_text = _check_diff_structure(body[diff_at.start():], fail)
+
+    def refuse(file: str, why: str) -> HostilePatchError:
+        return HostilePatchError(f"{name} ({trailers['Patch-Id']}): refused: {file}: {why}", hint=HOSTILE_HINT)
+
+    _refuse_hidden_patches(body[:diff_at.start()], body[diff_at.start() + len(diff_text):], refuse)
+    _refuse_hostile_sections(diff_text, refuse)
     try:
         patchset = PatchSet(diff_text)
     except UnidiffParseError as exc:
@@ -319,6 +363,13 @@ def _validate_trailers(trailers: dict[str, str], version: str, fail: Callable[..
         if value != "none" and (not _split_list(value)
                                 or not all(URL_RE.match(u) for u in _split_list(value))):
             raise fail(f"invalid {key} {value!r}: comma-separated URLs, or none")
+    try:
+        parse_upstream_tests(trailers["Upstream-Tests"])
+    except ValueError as exc:
+        raise fail(f"invalid Upstream-Tests {trailers['Upstream-Tests']!r}: {exc}",
+                   hint='comma-separated pytest node ids or FILE -k "EXPR" selections, relative to '
+                        "the tree's test/ directory, e.g. test_nn.py -k \"CTCLoss\", "
+                        "test_jit.py::TestScript::test_calls_in_type_annotations") from None
     probes = _split_list(trailers["Probe"])
     if not probes:
         raise fail("empty Probe trailer: name the probe check ids that prove the patch")
@@ -333,6 +384,77 @@ def _validate_trailers(trailers: dict[str, str], version: str, fail: Callable[..
             raise fail(f"Probe names check id(s) the probe suite does not have: {', '.join(unknown)}",
                        hint=("did you mean " + ", ".join(close) + "? " if close else "")
                        + "check ids are registered in patcher/probe/checks")
+
+
+_TEST_FILE_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.-]*/)*[A-Za-z0-9_][A-Za-z0-9_.-]*\.py$")
+_TEST_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\[[A-Za-z0-9_.-]+\])?$")
+_KEYWORD_TOKEN_RE = re.compile(r"\s*(?:(\()|(\))|([A-Za-z0-9_]+))")
+
+
+def _check_keyword_expression(expr: str) -> None:
+    """A pytest -k expression of names, and/or/not and parentheses (no other syntax)."""
+    tokens: list[str] = []
+    at = 0
+    while at < len(expr):
+        if expr[at:].strip() == "":
+            break
+        m = _KEYWORD_TOKEN_RE.match(expr, at)
+        if not m:
+            raise ValueError(f"-k expression {expr!r}: unexpected {expr[at:].strip()[:1]!r} "
+                             f"(names, and, or, not and parentheses only)")
+        tokens.append(m.group(0).strip())
+        at = m.end()
+
+    def operand(i: int) -> int:
+        if i < len(tokens) and tokens[i] == "not":
+            return operand(i + 1)
+        if i < len(tokens) and tokens[i] == "(":
+            i = expression(i + 1)
+            if i >= len(tokens) or tokens[i] != ")":
+                raise ValueError(f"-k expression {expr!r}: unbalanced parentheses")
+            return i + 1
+        if i < len(tokens) and tokens[i] not in ("and", "or", ")"):
+            return i + 1
+        raise ValueError(f"-k expression {expr!r}: a name is missing")
+
+    def expression(i: int) -> int:
+        i = operand(i)
+        while i < len(tokens) and tokens[i] in ("and", "or"):
+            i = operand(i + 1)
+        return i
+
+    if expression(0) != len(tokens):
+        raise ValueError(f"-k expression {expr!r}: unbalanced parentheses or a missing and/or")
+
+
+def parse_upstream_tests(value: str) -> tuple[UpstreamTest, ...]:
+    """Parse an Upstream-Tests trailer; raise ValueError saying what is wrong."""
+    out = []
+    for item in _split_list(value):
+        m = re.match(r'^(\S+)\s+-k\s+"([^"]*)"$', item)
+        if m:
+            file, keyword = m.group(1), m.group(2).strip()
+            if not keyword:
+                raise ValueError(f"{item!r}: empty -k expression")
+            _check_keyword_expression(keyword)
+            node: tuple[str, ...] = ()
+        else:
+            if re.search(r"\s", item):
+                raise ValueError(f'{item!r}: a node id has no spaces; a keyword selection is FILE -k "EXPR"')
+            file, *names = item.split("::")
+            if not names:
+                raise ValueError(f"{item!r}: a whole file is not a selection; name its tests "
+                                 f"(FILE::Class::test) or give FILE -k \"EXPR\"")
+            bad = [n for n in names if not _TEST_NAME_RE.match(n)]
+            if bad:
+                raise ValueError(f"{item!r}: {bad[0]!r} is not a test or class name")
+            keyword, node = None, tuple(names)
+        if not _TEST_FILE_RE.match(file) or ".." in file.split("/") or file.startswith("test/"):
+            raise ValueError(f"{item!r}: {file!r} is not a .py file relative to the tree's test/ directory")
+        out.append(UpstreamTest(file=file, node=node, keyword=keyword))
+    if not out:
+        raise ValueError("empty: name the upstream tests that exercise the patched code")
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=1)
@@ -400,8 +522,7 @@ def _check_diff_structure(diff: str, fail: Callable[..., PatchFormatError]) -> s
             in_hunk = old_left > 0 or new_left > 0
             seen_hunk = True
         elif line == "GIT binary patch" or line.startswith("Binary files "):
-            raise fail(f"{current}: binary change", hint="binary content cannot be reviewed in a patch; "
-                       "ship it as a pinned input instead")
+            continue  # refused with the other changes no source patch makes (_refuse_hostile_sections)
         elif line == "-- " and seen_hunk:
             return "".join(lines[:index])  # the format-patch signature
         elif line[:1] in (" ", "+", "-") and seen_hunk and not line.startswith(("--- ", "+++ ")):
@@ -412,6 +533,162 @@ def _check_diff_structure(diff: str, fail: Callable[..., PatchFormatError]) -> s
         raise fail(f"{current}: hunk '{header}' is truncated: the file ends {max(old_left, new_left)} "
                    f"line(s) before the hunk does", hint="the file was cut short; export it again")
     return diff
+
+
+# --- changes a source patch has no business making ------------------------------------------
+# The policy: a patch of PyTorch's source changes the text of regular files of the tree, creates
+# regular non-executable files (mode 100644) and may delete regular files (every deleted line is
+# in the diff, so a reviewer sees what goes).  Everything else git can express is refused before
+# any tree is touched: mode changes (the executable bit included), symbolic links, submodules
+# (gitlinks, mode 160000), renames and copies (their content is not in the diff), binary
+# content, paths that are absolute, contain "." / ".." / empty components, need quoting, or
+# touch .git, .gitmodules or .gitattributes (which change how git itself treats the tree), and
+# paths that lead through a symbolic link or a submodule of the tree (check_series).
+HOSTILE_HINT = ("a source patch may only change the text of regular files, create regular files "
+                "(mode 100644) and delete regular files inside the tree; see patches/README.md")
+REGULAR_MODES = ("100644", "100755")
+_GIT_OWN_FILES = {".gitmodules": "the submodule configuration (.gitmodules)",
+                  ".gitattributes": "git attributes (.gitattributes decides filters and line endings "
+                                    "of what is checked out)"}
+_EXTENDED_HEADERS = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "similarity index ",
+                     "dissimilarity index ", "rename from ", "rename to ", "copy from ", "copy to ", "index ")
+_INDEX_LINE_RE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+(?: (\d+))?$")
+# Lines that make git apply start reading a patch: none may stand outside the diff sections.
+_PATCH_START_RE = re.compile(r"^(diff |--- |\+\+\+ |@@ |Index: |GIT binary patch$|Binary files )")
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` is not a path of the tree's own files that a source patch may touch, or None."""
+    if not path:
+        return "has an empty file name"
+    if any(ord(c) < 32 or ord(c) == 127 for c in path):
+        return "has control characters in its name"
+    if path.startswith("/"):
+        return "is an absolute path, outside the tree"
+    if "\\" in path:
+        return "has a backslash in its name (a path separator on Windows)"
+    for part in path.split("/"):
+        if part in ("", "."):
+            return "is not a plain relative path (an empty or '.' component)"
+        if part == "..":
+            return "leaves the tree (a '..' component)"
+        folded = part.casefold()
+        if folded.rstrip(" .") == ".git" or folded == "git~1":
+            return "is inside git's own directory (.git)"
+        if folded in _GIT_OWN_FILES:
+            return "changes " + _GIT_OWN_FILES[folded]
+    return None
+
+
+def _refuse_hidden_patches(before: str, after: str, refuse: Callable[[str, str], HostilePatchError]) -> None:
+    """Nothing git apply would read as a patch may sit in the message, the diffstat or after the
+    signature: git am would apply it, and no reviewer reads it as a change."""
+    for where, text in (("before the first 'diff --git' line", before), ("after the signature", after)):
+        for line in _lines(text):
+            if _PATCH_START_RE.match(line):
+                raise refuse("(the mbox)", f"has a line git would read as part of a patch {where}: "
+                                           f"{line.rstrip()!r}")
+
+
+def _diff_git_names(line: str) -> tuple[str, str] | None:
+    """The a/ and b/ names of a 'diff --git' line (unquoted), or None when they cannot be told apart."""
+    rest = line[len("diff --git "):]
+    half, odd = divmod(len(rest) - 5, 2)
+    if not odd and half > 0 and rest == f"a/{rest[2:2 + half]} b/{rest[2:2 + half]}":
+        return rest[2:2 + half], rest[2:2 + half]
+    m = re.match(r"^a/(\S+) b/(\S+)$", rest)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _refuse_hostile_sections(diff: str, refuse: Callable[[str, str], HostilePatchError]) -> None:
+    """Read every file section's git header (between 'diff --git' and its first hunk) strictly."""
+    sections: list[dict[str, Any]] = []
+    section: dict[str, Any] | None = None
+    for raw in _lines(diff):
+        line = raw.rstrip("\n")
+        if line.startswith("diff --git "):
+            section = {"line": line, "ext": [], "minus": None, "plus": None, "binary": False, "hunks": 0,
+                       "header": True}
+            sections.append(section)
+        elif section is None:
+            continue
+        elif not section["header"]:
+            section["hunks"] += line.startswith("@@ ")
+        elif line.startswith("@@ "):
+            section["header"] = False
+            section["hunks"] += 1
+        elif line.startswith("--- "):
+            section["minus"] = line[4:]
+        elif line.startswith("+++ "):
+            section["plus"] = line[4:]
+        elif line == "GIT binary patch" or line.startswith("Binary files "):
+            section["binary"] = True
+            section["header"] = False
+        else:
+            section["ext"].append(line)
+    for section in sections:
+        _refuse_hostile_section(section, refuse)
+
+
+def _refuse_hostile_section(section: dict[str, Any], refuse: Callable[[str, str], HostilePatchError]) -> None:
+    line = section["line"]
+    if '"' in line or any(n is not None and n.startswith('"') for n in (section["minus"], section["plus"])):
+        raise refuse(line[len("diff --git "):], "has a quoted file name (control or non-ASCII characters)")
+    names = _diff_git_names(line)
+    if names is None:
+        raise refuse(line[len("diff --git "):], "its 'diff --git' line does not name the file plainly")
+    old, new = names
+    headers: dict[str, str] = {}
+    for ext in section["ext"]:
+        key = next((k for k in _EXTENDED_HEADERS if ext.startswith(k)), None)
+        if key is None:
+            raise refuse(new, f"has a line git reads as an extended header: {ext!r}")
+        headers[key.strip()] = ext[len(key):]
+    for named in {old, new, headers.get("rename from"), headers.get("rename to"),
+                  headers.get("copy from"), headers.get("copy to")} - {None}:
+        problem = path_problem(named)
+        if problem:
+            raise refuse(named, problem)
+    if "rename from" in headers or "rename to" in headers:
+        raise refuse(f"{old} -> {new}", "renames a file (its content is not in the diff; export with --no-renames)")
+    if "copy from" in headers or "copy to" in headers:
+        raise refuse(f"{old} -> {new}", "copies a file (its content is not in the diff; export with --no-renames)")
+    if "similarity index" in headers or "dissimilarity index" in headers:
+        raise refuse(new, "is a rewrite or rename by similarity (export with --no-renames and without -B)")
+    if old != new:
+        raise refuse(f"{old} -> {new}", "names two files in its 'diff --git' line")
+    if "old mode" in headers or "new mode" in headers:
+        raise refuse(new, f"changes the file mode from {headers.get('old mode', '?')} to "
+                          f"{headers.get('new mode', '?')}")
+    created, deleted = headers.get("new file mode"), headers.get("deleted file mode")
+    if created is not None and created != "100644":
+        raise refuse(new, {"120000": "creates a symbolic link (mode 120000)",
+                           "160000": "adds a submodule (a gitlink, mode 160000)",
+                           "100755": "creates an executable file (mode 100755)"}.get(
+                               created, f"creates a file of mode {created}"))
+    if deleted is not None and deleted not in REGULAR_MODES:
+        raise refuse(new, {"120000": "deletes a symbolic link (mode 120000)",
+                           "160000": "removes a submodule (a gitlink, mode 160000)"}.get(
+                               deleted, f"deletes a file of mode {deleted}"))
+    index = headers.get("index")
+    if index is not None:
+        m = _INDEX_LINE_RE.match("index " + index)
+        if not m:
+            raise refuse(new, f"has a malformed index line {('index ' + index)!r}")
+        if m.group(1) is not None and m.group(1) not in REGULAR_MODES:
+            raise refuse(new, {"120000": "changes the target of a symbolic link (mode 120000)",
+                               "160000": "moves a submodule to another commit (a gitlink, mode 160000)"}.get(
+                                   m.group(1), f"changes a file of mode {m.group(1)}"))
+    if section["binary"]:
+        raise refuse(new, "binary change (ship binary content as a pinned input, not in a patch)")
+    expected_minus = "/dev/null" if created is not None else f"a/{old}"
+    expected_plus = "/dev/null" if deleted is not None else f"b/{new}"
+    if section["hunks"]:
+        if (section["minus"], section["plus"]) != (expected_minus, expected_plus):
+            raise refuse(new, f"its '---'/'+++' lines name {section['minus']!r} and {section['plus']!r}, "
+                              f"its 'diff --git' line {old!r}")
+    elif created is None and deleted is None:
+        raise refuse(new, "changes nothing that is shown (a file section without hunks)")
 
 
 def _strip_prefix(path: str, prefix: str) -> str | None:
@@ -451,7 +728,7 @@ def _file_change(pf: Any, fail: Callable[..., PatchFormatError]) -> FileChange:
             last = kind
         header = f"@@ -{hunk.source_start},{hunk.source_length} +{hunk.target_start},{hunk.target_length} @@"
         hunks.append(Hunk(header, hunk.source_start, hunk.source_length, tuple(old), tuple(new)))
-    return FileChange(old_path, new_path, tuple(hunks))
+    return FileChange(old_path, new_path, tuple(hunks), added=pf.added, removed=pf.removed)
 
 
 # --- the series ------------------------------------------------------------------------------
@@ -615,12 +892,92 @@ def _head(tree: Path) -> str:
     return run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
 
 
+def _refused(patch: Patch, file: str, why: str) -> HostilePatchError:
+    return HostilePatchError(f"{patch.file} ({patch.id}): refused: {file}: {why}", hint=HOSTILE_HINT)
+
+
+def _refuse_paths_through_the_tree(patches: list[Patch], tree: Path) -> None:
+    """No path may lead through a symbolic link or a submodule of the tree, or be one."""
+    paths = {p: patch for patch in reversed(patches) for c in patch.changes
+             for p in (c.old_path, c.new_path) if p}
+    wanted = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 2)}
+    listed = run_git("ls-tree", "-z", "HEAD", "--", *sorted(wanted), cwd=tree,
+                     env={"GIT_LITERAL_PATHSPECS": "1"}).stdout
+    modes = {}
+    for entry in listed.split("\0"):
+        if entry:
+            meta, _, name = entry.partition("\t")
+            modes[name] = meta.split()[0]
+    for path, patch in sorted(paths.items()):
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            prefix, last = "/".join(parts[:i]), i == len(parts)
+            mode = modes.get(prefix)
+            on_disk = tree / prefix
+            if mode == "120000" or on_disk.is_symlink():
+                raise _refused(patch, path, "is a symbolic link in the tree" if last else
+                               f"leads through the symbolic link {prefix} of the tree (outside the tree's own files)")
+            if mode == "160000":
+                raise _refused(patch, path, "is a submodule (gitlink) of the tree" if last else
+                               f"lies inside the submodule {prefix} (a patch of the tree cannot change "
+                               f"a submodule's files)")
+            if last and mode == "040000":
+                raise _refused(patch, path, "is a directory of the tree")
+
+
+def _refuse_what_git_would_see(patch: Patch, tree: Path) -> None:
+    """Ask git itself what `git am` would apply: it must be exactly the diff parsed here.
+
+    One message (git mailsplit), the same patch text byte for byte (git mailinfo: no transfer
+    encoding or split point that reads differently), and per file the same path and line counts
+    with no mode, rename or copy (git apply --numstat / --summary).
+    """
+    with tempfile.TemporaryDirectory(prefix="patcher-mailsplit-") as tmp:
+        work = Path(tmp)
+        split = run_git("mailsplit", "--keep-cr", f"-o{work}", patch.path, cwd=tree, check=False)
+        messages = sorted(p for p in work.iterdir())
+        if split.returncode != 0 or len(messages) != 1:
+            raise _refused(patch, "(the mbox)", f"git am would read {len(messages)} messages from it, not one")
+        with open(messages[0], "rb") as mail:
+            info = subprocess.run(["git", *_GIT_CONFIG, "mailinfo", str(work / "msg"), str(work / "patch")],
+                                  stdin=mail, cwd=tree, capture_output=True)
+        if info.returncode != 0:
+            raise _refused(patch, "(the mbox)", f"git mailinfo cannot read it: {last_line(info.stderr.decode())}")
+        seen = (work / "patch").read_bytes().decode("utf-8", "surrogateescape")
+        text = patch.text
+        head_end = text.find("\n\n") + 2
+        diff_at = re.search(r"^diff --git ", text[head_end:], re.M)
+        separator = re.search(r"^---$", text[head_end:head_end + diff_at.start()], re.M) if diff_at else None
+        expected = text[head_end + (separator or diff_at).start():] if diff_at else ""
+        if seen != expected:
+            raise _refused(patch, "(the mbox)", "git am would apply another text than the diff read here "
+                                                "(a transfer encoding, or a patch break inside the message)")
+        numstat = run_git("apply", "--numstat", "-z", str(work / "patch"), cwd=tree, check=False)
+        summary = run_git("apply", "--summary", str(work / "patch"), cwd=tree, check=False)
+    if numstat.returncode != 0 or summary.returncode != 0:
+        raise _refused(patch, "(the mbox)", f"git apply cannot read it: {last_line(numstat.stderr + summary.stderr)}")
+    ours = [f"{c.added}\t{c.removed}\t{c.new_path or c.old_path}" for c in patch.changes]
+    git_sees = [e for e in numstat.stdout.split("\0") if e]
+    if git_sees != ours:
+        extra = [e.split("\t")[-1] for e in git_sees if e not in ours] or ["(a file)"]
+        raise _refused(patch, extra[0], "git am would change it in another way than the diff read here shows")
+    for line in summary.stdout.splitlines():
+        words = line.split()
+        if words[:2] in (["create", "mode"], ["delete", "mode"]) and \
+                (words[2] == "100644" or (words[0] == "delete" and words[2] in REGULAR_MODES)):
+            continue
+        raise _refused(patch, words[-1] if words else "?", f"git am would make this change: {line.strip()!r}")
+
+
 @reports_failures_as(PatchApplyError, "check failed")
 def check_series(series: Series, tree: Path) -> CheckResult:
     """Check the whole series against a clean tree without touching it."""
     tree = _require_tree(tree)
     _require_clean(tree)
     patches = list(series.patches)
+    for patch in patches:
+        _refuse_what_git_would_see(patch, tree)
+    _refuse_paths_through_the_tree(patches, tree)
     try:
         _apply_in_memory(patches, tree)
     except PatchApplyError as forward:

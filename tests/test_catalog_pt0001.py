@@ -39,6 +39,7 @@ TRAILERS = {
                     "https://github.com/pytorch/pytorch/issues/34450",
     "Upstream-Fix": "https://github.com/pytorch/pytorch/pull/34519",
     "Probe": "maxpool2d.nhwc_large_channels, maxpool2d.error_message",
+    "Upstream-Tests": 'test_nn.py -k "max_pool2d_nhwc or MaxPool2d_indices or max_pool_nan"',
 }
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid",

@@ -46,7 +46,7 @@ CVES = {
     "PT-0104": "CVE-2024-31580",
     "PT-0105": "CVE-2024-31583",
 }
-TRAILER_KEYS = ["Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe"]
+TRAILER_KEYS = ["Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe", "Upstream-Tests"]
 # The vendored 1.4-era files the 1.4.0 security patches were written against (README there).
 REFERENCE_SHA256 = {
     "torch/jit/annotations.py": "8c7fcc6e58b30541061d3480b1d9826cf5f2032060ac6f9be4baccf28e2e492d",
@@ -128,8 +128,8 @@ def test_trailers_probe_ids_and_body(version, patch):
 
     # the message ends with exactly our trailers, in order; the body explains in our words
     message = patch.text.split("\n\n", 1)[1].split("\n---\n", 1)[0].rstrip("\n")
-    tail = message.splitlines()[-len(TRAILER_KEYS):]
-    assert [line.split(":", 1)[0] for line in tail] == TRAILER_KEYS
+    tail = message.rsplit("\n\n", 1)[1].splitlines()
+    assert [line.split(":", 1)[0] for line in tail if not line.startswith((" ", "\t"))] == TRAILER_KEYS
     body = message.rsplit("\n\n", 1)[0]
     for section in ("The bug.", "Who is hit.", "The fix.", "How it was proven."):
         assert section in body, section

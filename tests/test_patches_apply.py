@@ -20,6 +20,7 @@ Category: bugfix
 Upstream-Bug: none
 Upstream-Fix: none
 Probe: env.fingerprint
+Upstream-Tests: test_notes.py -k "fox"
 """
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from patcher import patches
-from patcher.errors import PatchFormatError, PatchNotFoundError
+from patcher.errors import HostilePatchError, PatchFormatError, PatchNotFoundError
 
 DATA = Path(__file__).parent / "data" / "broken-patches"
 CATALOG = Path(__file__).resolve().parent.parent / "patches"
@@ -26,7 +26,7 @@ BROKEN = {
     "applies-to-mismatch.patch": "Applies-To '>=1.4,<1.6' does not include 1.13.1",
     "invalid-upstream-fix.patch": "invalid Upstream-Fix 'see the forum'",
     "unknown-probe.patch": "the probe suite does not have: maxpool2d.no_such_check",
-    "binary-hunk.patch": "logo.bin: binary change",
+    "invalid-upstream-tests.patch": "invalid Upstream-Tests 'test_notes.py -k \"fox or\"': -k expression 'fox or': a name is missing",
     "no-diff.patch": "contains no diff",
 }
 
@@ -44,7 +44,14 @@ def test_each_kind_of_damage_has_its_own_message(name):
 
 
 def test_corpus_covers_every_file():
-    assert {p.name for p in DATA.glob("*.patch")} == set(BROKEN) | {"good.patch"}
+    assert {p.name for p in DATA.glob("*.patch")} == set(BROKEN) | {"good.patch", "binary-hunk.patch"}
+
+
+def test_a_binary_change_is_refused_as_hostile():
+    with pytest.raises(HostilePatchError) as err:
+        patches.parse_patch_file(DATA / "binary-hunk.patch", "1.13.1")
+    assert str(err.value).startswith("binary-hunk.patch (PT-0001): refused: logo.bin: binary change")
+    assert err.value.exit_code == 34 and "\n" not in str(err.value)
 
 
 def test_good_patch_fields():

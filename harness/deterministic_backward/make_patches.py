@@ -66,6 +66,8 @@ Category: determinism
 Upstream-Bug: https://github.com/pytorch/pytorch/issues/131972
 Upstream-Fix: none
 Probe: determinism.adaptive_max_pool2d
+Upstream-Tests: test_nn.py -k "AdaptiveMaxPool2d or adaptive_max_pool2d or
+ adaptive_pooling_max", test_torch.py -k "nondeterministic_alert_AdaptiveMaxPool2d"
 """
 
 GS_MESSAGE = """\
@@ -114,6 +116,8 @@ Category: determinism
 Upstream-Bug: https://github.com/pytorch/pytorch/issues/68959
 Upstream-Fix: none
 Probe: determinism.grid_sampler_2d
+Upstream-Tests: test_nn.py -k "(grid_sample or GridSample or grid_sampler) and not large",
+ test_torch.py -k "nondeterministic_alert_grid_sample_2d"
 """
 
 
