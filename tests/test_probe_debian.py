@@ -35,6 +35,11 @@ EXPECTED_DEBIAN = {
     # unchecked operand used; either way the defect is found
     "security.cve_2024_31580": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", None),
     "security.cve_2024_31583": ("fail", r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$", None),
+    # issue 16's backports: torch.load(weights_only=True) runs a TorchScript archive's code, the
+    # weights_only loader takes oversized storages and SETITEM on tensors, None as a Future crashes
+    "security.cve_2025_32434": ("fail", r"wrote the probe's marker file \(CVE-2025-32434\)$", True),
+    "security.cve_2026_24747": ("fail", r"a storage larger than its record and SETITEM writing into a tensor", True),
+    "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
 }
 for _id in all_check_ids():
     if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":
