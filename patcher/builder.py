@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from patcher.build_container import StageInputs, run_stage
-from patcher.buildenv import LABEL_WORK_DIR
+from patcher.buildenv import LABEL_BUILD, LABEL_STAGE, LABEL_WORK_DIR
 from patcher.config import Settings
 from patcher.container import ContainerError, Engine
 from patcher.errors import ImageBuildError, InterruptedByUser, PatcherError, WorkDirError
@@ -328,7 +328,8 @@ def stage_probe(b: Build) -> tuple[ProbeOutcome, str]:
     run = probing.probe_wheel_in_image(
         wheel, image, options, python=f"python{b.spec.python}" if in_builder else "python3",
         wheelhouse=b.options.probe_wheelhouse, gpus=b.options.gpus, engine=b.engine,
-        system_site_packages=in_builder)
+        system_site_packages=in_builder,
+        labels={LABEL_BUILD: b.spec.build_id, LABEL_STAGE: "probe", LABEL_WORK_DIR: str(b.dir)})
     unproven = probing.unproven_patches(run.report, {p.id: p.probes for p in series.patches}, run.gpus_requested)
     path = wheel.with_name(wheel.name + PROBE_SUFFIX)
     data = run.report.to_json()

@@ -306,7 +306,7 @@ class ImageProbe:
 
 
 def _run_container(engine, image: str, script: str, payload: dict[str, bytes | Path], options: ProbeOptions,
-                   gpus: str, target: str) -> tuple[int, str, str | None, bool]:
+                   gpus: str, target: str, labels: dict[str, str] | None = None) -> tuple[int, str, str | None, bool]:
     """Run ``script`` (sh) in a fresh container of ``image`` as the image's own user, the payload
     under CONTAINER_DIR owned by that user, no network; the container is removed in every case.
     Returns (exit status, log, report text, whether GPUs were requested)."""
@@ -318,7 +318,7 @@ def _run_container(engine, image: str, script: str, payload: dict[str, bytes | P
                                    hint="build or load it first (docker images lists what is there)")
         config = ContainerConfig(image=image, command=("sh", "-c", script), workdir="/tmp", gpus=gpus,
                                  env={"PYTHONPATH": CONTAINER_DIR, "PYTHONDONTWRITEBYTECODE": "1", **options.extra_env},
-                                 labels={"org.patcher.probe": "1"})
+                                 labels={"org.patcher.probe": "1", **(labels or {})})
         with Container(engine, config) as container:
             parent, _, name = CONTAINER_DIR.rpartition("/")
             container.put_files(parent, {f"{name}/{path}": content for path, content in payload.items()})
@@ -375,7 +375,7 @@ def probe_image(image: str, options: ProbeOptions | None = None, *, python: str 
 def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOptions | None = None, *,
                          python: str = "python3", wheelhouse: str | os.PathLike | None = None,
                          gpus: str = "auto", engine=None, docker_host: str | None = None,
-                         system_site_packages: bool = False) -> ImageProbe:
+                         system_site_packages: bool = False, labels: dict[str, str] | None = None) -> ImageProbe:
     """Install ``wheel`` offline into a clean venv inside a fresh container of ``image``, probe it.
 
     ``system_site_packages``: the venv sees the image's own modules, so the wheel's dependencies
@@ -396,7 +396,7 @@ def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOpt
               + _probe_command(f"{venv}/bin/python", options))
     target = f"a venv in image {image}"
     status, log, report, with_gpus = _run_container(_engine(engine, docker_host), image, script,
-                                                    _probe_payload(extra), options, gpus, target)
+                                                    _probe_payload(extra), options, gpus, target, labels)
     if status == EXIT_NO_VENV:
         raise WheelInstallError(f"cannot create a venv with {python} in image {image}: {_last_line(log)}",
                                 hint=f"the image needs {python}'s venv module (Debian: python3-venv)")

@@ -191,23 +191,49 @@ def test_timeout_removes_the_container(standin, tmp_path, patcher_cli, docker_cl
     _no_temp_files(work)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, docker_client, no_leaks,
-                                                           ccache_volume_name, signum):
-    work = tmp_path / "work"
-    env = dict(os.environ, **standin.env)
-    proc = subprocess.Popen([sys.executable, "-m", "patcher", *standin.build_args(work, "--ccache-volume",
-                                                                                 ccache_volume_name)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+@pytest.fixture
+def slow_volume(docker_client, bullseye_base_image):
+    """``make(stage)``: a ccache volume (owned by the builder) that makes the slow stand-in wait
+    in ``stage``; removed afterwards."""
+    made: list[str] = []
+
+    def make(stage: str) -> str:
+        name = f"patcher-test-slow-{stage}-{uuid.uuid4().hex[:8]}"
+        docker_client.volumes.create(name=name)
+        made.append(name)
+        docker_client.containers.run(bullseye_base_image.tag, ["sh", "-c", f"touch /v/slow-{stage} && chown -R 1000:1000 /v"],
+                                     volumes={name: {"bind": "/v", "mode": "rw"}}, remove=True, network_disabled=True)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            docker_client.volumes.get(name).remove(force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def _interrupt_in_stage(args: list[str], env: dict[str, str], build_dir: Path, stage: str, signum: int,
+                        docker_client) -> str:
+    """Start `patcher build`, wait until ``stage``'s container runs, send ``signum``; its stderr.
+
+    SIGINT goes back to its default disposition in the child: a CI started in the background
+    (which ignores SIGINT) must not decide what this test sees."""
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen([sys.executable, "-m", "patcher", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, **env), preexec_fn=default_sigint)
+    labels = [f"org.patcher.work-dir={build_dir.absolute()}", f"org.patcher.stage={stage}"]
     try:
-        deadline = time.monotonic() + 600
+        deadline = time.monotonic() + 900
         while time.monotonic() < deadline and proc.poll() is None:
-            labels = [f"org.patcher.work-dir={(work / standin.build_id).absolute()}", "org.patcher.stage=wheel"]
-            if docker_client.containers.list(filters={"label": labels}):
+            if docker_client.api.containers(filters={"label": labels, "status": "running"}):
                 break
             time.sleep(0.2)
-        assert proc.poll() is None, "the build ended before its wheel stage could be interrupted"
-        time.sleep(1)
+        assert proc.poll() is None, f"the build ended before its {stage} stage could be interrupted: " + \
+            (proc.stderr.read() if proc.stderr else "")
+        time.sleep(2)
         proc.send_signal(signum)
         _, stderr = proc.communicate(timeout=120)
     finally:
@@ -216,12 +242,28 @@ def test_interrupt_removes_the_container_and_keeps_the_log(standin, tmp_path, do
             proc.wait()
     assert proc.returncode == InterruptedByUser.exit_code, stderr
     assert "interrupted" in _one_line_error(stderr)
-    assert _build_containers(docker_client, work / standin.build_id) == []
-    build_dir = work / standin.build_id
-    assert "==> wheel" in (build_dir / "build.log").read_text()
-    record = json.loads((build_dir / "record.json").read_text())
-    assert record["completed_stages"][-1] == "configure"
-    _no_temp_files(work)
+    return stderr
+
+
+@pytest.mark.parametrize("stage", ["configure", "wheel", "probe"])
+def test_sigint_then_sigterm_in_a_container_stage_leave_no_container_and_keep_the_log(
+        standin_factory, tmp_path, docker_client, no_leaks, slow_volume, stage):
+    variant = standin_factory("slow")
+    work = tmp_path / "work"
+    build_dir = work / variant.build_id
+    env = dict(variant.env, HOME=str(tmp_path / "home"))
+    args = variant.build_args(work, "--ccache-volume", slow_volume(stage))
+    before = STAGES_BEFORE[stage]
+    for signum in (signal.SIGINT, signal.SIGTERM):  # the second run continues the first, and is stopped too
+        _interrupt_in_stage(args, env, build_dir, stage, signum, docker_client)
+        assert _build_containers(docker_client, build_dir) == []
+        assert f"==> {stage}" in (build_dir / "build.log").read_text()
+        record = json.loads((build_dir / "record.json").read_text())
+        assert record["completed_stages"][-1] == before
+        _no_temp_files(work)
+
+
+STAGES_BEFORE = {"configure": "image", "wheel": "configure", "probe": "wheel"}
 
 
 def test_interrupt_during_the_image_build_leaves_no_container(standin, tmp_path, docker_client, no_leaks):
