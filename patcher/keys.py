@@ -8,9 +8,7 @@ A key is named by its keyid: the sha256 of the raw 32-byte public key, in hex.
 from __future__ import annotations
 
 import hashlib
-import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from patcher.errors import SigningKeyError
+from patcher.util import write_atomic
 
 _PRIVATE_MARKER = b"PRIVATE KEY-----"
 
@@ -53,24 +52,11 @@ def generate_key(path: Path, overwrite: bool = False) -> KeyInfo:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
-    # mkstemp creates the file 0600 from the start: the key is never readable by others.
+    # write_atomic's temp file is 0600 from the start: the key is never readable by others.
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_atomic(path, pem, mode=0o600)
     except OSError as exc:
         raise SigningKeyError(f"cannot write key into {path.parent}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(pem)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     public = key.public_key()
     return KeyInfo(path=path, keyid=keyid_of(public), public_pem=public_pem(public))
 

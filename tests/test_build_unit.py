@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from patcher import builder
-from patcher.builder import BuildOptions
 from patcher.buildenv import container_environment, parse_toolchain, source_archive
-from patcher.inputs import fetch_input, input_content
-from patcher.progress import Progress
+from patcher.builder import BuildOptions
 from patcher.config import Settings
 from patcher.errors import ChecksumMismatchError, UnreachableInputError, WorkDirError
+from patcher.inputs import fetch_input, input_content
+from patcher.progress import Progress
 from patcher.spec import Artifact, resolve
 
 

@@ -20,7 +20,6 @@ import pytest
 from patcher import compilecheck as cc
 from patcher import patches
 from patcher.config import Settings
-from patcher.errors import UnsupportedCombinationError
 from patcher.errors import CompileCheckFailedError, CompileCheckSetupError, UnsupportedCombinationError
 from patcher.spec import resolve
 
