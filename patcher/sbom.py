@@ -471,11 +471,14 @@ def build_sbom(record: BuildRecord, spec: BuildSpec, wheel_path: Path | None = N
                              series=torch_version)))
     image_digest = record.base_image_digest.partition(":")[2] or record.base_image_digest
     image_repo = spec.image.ref.split("@")[0]
+    if ":" in image_repo.rsplit("/", 1)[-1]:
+        image_repo = image_repo.rsplit(":", 1)[0]          # the tag goes; the digest names the image
+    registry_path, _, image_name = image_repo.rpartition("/")
     top.append(Component(
         name=spec.image.ref, version=record.base_image_digest, type=ComponentType.CONTAINER, bom_ref="base-image",
         supplier=org("Debian") if spec.image.name.startswith("debian") else None, hashes=sha(image_digest),
-        purl=PackageURL("oci", None, image_repo.rsplit("/", 1)[-1].split(":")[0], record.base_image_digest,
-                        {"repository_url": image_repo.split(":")[0] if "/" in image_repo else None}),
+        purl=PackageURL("oci", None, image_name, record.base_image_digest,
+                        {"repository_url": image_repo} if registry_path else None),
         properties=props(kind="base-image", image=spec.image.name, overridden=spec.image.overridden or None)))
     nvidia: dict[str, Component] = {}
     for kind, art in (("cuda", spec.cuda_runfile), ("cudnn", spec.cudnn_archive),
