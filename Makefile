@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast lint bench clean
+.PHONY: install host test test-fast lint bench clean
 
 install: $(BIN)/patcher
 
@@ -14,7 +14,13 @@ $(BIN)/patcher: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
-test: install
+# The host packages (apt) and real inputs (Debian's PyTorch tree, by sha256) the tests use;
+# both scripts do nothing when all is already there.
+host:
+	bash .ci/install-host.sh
+	bash .ci/fetch-sources.sh
+
+test: install host
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: install
