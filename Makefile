@@ -20,7 +20,7 @@ host:
 	bash .ci/install-host.sh
 	bash .ci/fetch-sources.sh
 
-test: install host
+test: host install
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: install
