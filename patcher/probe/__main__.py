@@ -24,11 +24,17 @@ def parse_args(argv):
                         help="comma-separated check ids, prefixes or globs (e.g. 'env,maxpool2d.*')")
     parser.add_argument("--list", action="store_true", help="print the registered checks as JSON and exit")
     parser.add_argument("--quiet", action="store_true", help="no table, no progress")
+    parser.add_argument("--jobs", metavar="N", type=int,
+                        help="run checks in up to N worker processes at once (default: the CPU count, "
+                             "2 to 8); PATCHER_PROBE_ISOLATION=spawn runs them one by one, without workers")
     parser.add_argument("--child", metavar="ID", help=argparse.SUPPRESS)
+    parser.add_argument("--fork-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-result", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.budget is not None and args.budget <= 0:
         parser.error("--budget must be positive")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     return args
 
 
@@ -49,6 +55,25 @@ def run_child(args, torch):
     return 0
 
 
+def serve_forks(args):
+    """The worker server (``workers.py``): torch and the checks imported once, CUDA untouched."""
+    from .workers import default_jobs, fatal, serve
+
+    try:
+        import torch
+    except Exception as exc:
+        fatal("torch cannot be imported by %s: %s: %s" % (sys.executable, type(exc).__name__, exc))
+        return EXIT_NO_TORCH
+    from . import load_checks
+
+    try:
+        load_checks()
+    except Exception as exc:
+        fatal("the checks cannot be loaded: %s: %s" % (type(exc).__name__, exc))
+        return EXIT_FAILED
+    return serve(torch, args.jobs or default_jobs())
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.list:
@@ -56,9 +81,19 @@ def main(argv=None):
 
         print(json.dumps(describe_checks(), indent=2))
         return EXIT_PASSED
+    if args.fork_server:
+        return serve_forks(args)
+    server = None
+    if not args.child:
+        # started before this process imports torch: the server's import runs meanwhile
+        from .workers import start_server
+
+        server = start_server(args.only or None, args.jobs)
     try:
         import torch
     except Exception as exc:  # ImportError, or a broken native library (OSError)
+        if server is not None:
+            server.close()
         sys.stderr.write("probe: torch cannot be imported by %s: %s: %s\n"
                          % (sys.executable, type(exc).__name__, " ".join(str(exc).split())))
         return EXIT_NO_TORCH
@@ -73,7 +108,7 @@ def main(argv=None):
             sys.stderr.flush()
 
     report = run_all(torch, patched_ids_from(args.patched_ids), budget=args.budget,
-                     only=args.only or None, progress=progress)
+                     only=args.only or None, progress=progress, server=server)
     if args.json == "-":
         sys.stdout.write(to_json(report))
     elif args.json:

@@ -329,8 +329,31 @@ def package_root_and_name():
     return root, package
 
 
+def child_outcome(returncode, timed_out, stderr, timeout, outcome):
+    """The outcome of a check that ran in a child process, from how the child ended and the
+    outcome it wrote (None when it wrote none): a signal death or a kill at the time limit
+    becomes a failure, an exit without a result an error."""
+    if timed_out:
+        return {"outcome": "fail", "message": "timed out after %g s (child process killed)" % timeout,
+                "details": {"stderr": stderr[-2000:]}}
+    if returncode is not None and returncode < 0:
+        return {"outcome": "fail",
+                "message": "killed by %s (exit %d)" % (signal_name(-returncode), returncode),
+                "details": {"stderr": stderr[-2000:]}}
+    if returncode != 0 or not outcome:
+        return {"outcome": "error",
+                "message": one_line("child process exited with %s and no result: %s"
+                                    % (returncode, stderr.strip()[-300:])),
+                "details": {"stderr": stderr[-2000:]}}
+    return outcome
+
+
 def call_isolated(spec, ctx, timeout):
-    """Run the check in a child interpreter; a signal death becomes a failure."""
+    """Run the check in a fresh child interpreter; a signal death becomes a failure.
+
+    (The probe's worker processes, ``workers.py``, do the same from one interpreter that
+    imported torch once; this is the way without them: ``PATCHER_PROBE_ISOLATION=spawn``, or
+    a fallback when they cannot be used.)"""
     root, package = package_root_and_name()
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -340,24 +363,12 @@ def call_isolated(spec, ctx, timeout):
         argv = [sys.executable, "-m", package, "--child", spec.id, "--child-result", result_path,
                 "--patched-ids", ",".join(sorted(ctx.patched_ids))]
         child = run_child(argv, timeout, env=env)
-        if child.timed_out:
-            return {"outcome": "fail", "message": "timed out after %g s (child process killed)" % timeout,
-                    "details": {"stderr": child.stderr[-2000:]}}
-        if child.signal_name:
-            return {"outcome": "fail",
-                    "message": "killed by %s (exit %d)" % (child.signal_name, child.returncode),
-                    "details": {"stderr": child.stderr[-2000:]}}
         try:
             with open(result_path) as handle_:
                 outcome = json.load(handle_)
         except (OSError, ValueError):
             outcome = None
-        if child.returncode != 0 or not outcome:
-            return {"outcome": "error",
-                    "message": one_line("child process exited with %s and no result: %s"
-                                        % (child.returncode, child.stderr.strip()[-300:])),
-                    "details": {"stderr": child.stderr[-2000:]}}
-        return outcome
+        return child_outcome(child.returncode, child.timed_out, child.stderr, timeout, outcome)
     finally:
         try:
             os.unlink(result_path)
@@ -365,25 +376,15 @@ def call_isolated(spec, ctx, timeout):
             pass
 
 
-def run_spec(spec, ctx, remaining_budget=None):
-    """Gate, run and record one check: the entry of the report's ``checks`` list."""
-    started = time.time()
-    required = effective_required(spec, ctx.patched_ids)
-    entry = {"id": spec.id, "status": "skip", "required": required, "message": "",
-             "details": None, "patches": list(spec.patches), "duration_s": 0.0, "finding": False}
-    check_ctx = ctx.for_check(spec)
-    reason = applicability(spec, check_ctx)
-    if reason is None and remaining_budget is not None and remaining_budget <= 0:
-        reason = "the probe's time budget was spent before this check"
-    if reason is not None:
-        entry["message"] = reason
-        return entry
-    # the budget gates starting checks; one already running keeps its own time limit
-    timeout = spec.timeout
-    if spec.isolate:
-        outcome = call_isolated(spec, check_ctx, timeout)
-    else:
-        outcome = call_check(spec, check_ctx, timeout)
+def new_entry(spec, ctx):
+    """A report entry for ``spec``, before it runs (status skip, no message)."""
+    return {"id": spec.id, "status": "skip", "required": effective_required(spec, ctx.patched_ids),
+            "message": "", "details": None, "patches": list(spec.patches), "duration_s": 0.0,
+            "finding": False}
+
+
+def record_outcome(entry, outcome, seconds):
+    """Put an outcome dict (``call_check``'s or ``child_outcome``'s) into a report entry."""
     kind = outcome.get("outcome")
     entry["message"] = outcome.get("message") or ""
     entry["details"] = outcome.get("details")
@@ -395,5 +396,30 @@ def run_spec(spec, ctx, remaining_budget=None):
     else:
         entry["status"] = "error"
         entry["message"] = "unknown outcome %r" % (kind,)
-    entry["duration_s"] = round(time.time() - started, 4)
+    entry["duration_s"] = round(seconds, 4)
     return entry
+
+
+def run_spec(spec, ctx, remaining_budget=None, in_process=False):
+    """Gate, run and record one check: the entry of the report's ``checks`` list.
+
+    ``in_process``: this process is already the check's own (a worker): an isolated check
+    runs here too, its hard time limit kept by whoever started the process."""
+    started = time.time()
+    entry = new_entry(spec, ctx)
+    check_ctx = ctx.for_check(spec)
+    reason = applicability(spec, check_ctx)
+    if reason is None and remaining_budget is not None and remaining_budget <= 0:
+        reason = "the probe's time budget was spent before this check"
+    if reason is not None:
+        entry["message"] = reason
+        return entry
+    # the budget gates starting checks; one already running keeps its own time limit
+    timeout = spec.timeout
+    if spec.isolate and in_process:
+        outcome = call_check(spec, check_ctx, None)
+    elif spec.isolate:
+        outcome = call_isolated(spec, check_ctx, timeout)
+    else:
+        outcome = call_check(spec, check_ctx, timeout)
+    return record_outcome(entry, outcome, time.time() - started)

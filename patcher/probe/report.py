@@ -35,23 +35,41 @@ def select(specs, only):
             if any(fnmatch.fnmatchcase(s.id, p) or fnmatch.fnmatchcase(s.id, p + ".*") for p in patterns)]
 
 
-def run_all(torch, patched_ids=(), budget=None, only=None, progress=None):
-    """Run the applicable checks and return the report dict."""
+def run_all(torch, patched_ids=(), budget=None, only=None, progress=None, server=None):
+    """Run the applicable checks and return the report dict.
+
+    ``server``: a ``workers.Server`` started beforehand (``workers.start_server``); the checks
+    it can take run in its worker processes, concurrently, and it is closed here.  Without
+    one, every check runs from this process (isolated ones each in a fresh interpreter)."""
     load_checks()
     from .checks.env import collect_fingerprint
 
     started_wall = datetime.datetime.now(datetime.timezone.utc)
     started = time.time()
     ctx = framework.Context(torch, patched_ids)
-    environment = collect_fingerprint(torch, ctx.has_cuda, cross_check=False)
     specs = select(framework.registry(), only)
-    checks = []
-    for spec in specs:
-        remaining = None if budget is None else budget - (time.time() - started)
-        entry = framework.run_spec(spec, ctx, remaining)
-        checks.append(entry)
-        if progress is not None:
-            progress(entry)
+    here = set(spec.id for spec in specs)
+    try:
+        if server is not None:
+            from . import workers
+
+            here, groups = workers.plan(specs, ctx)
+            server.begin(ctx, started, budget)
+            for group in groups:
+                server.submit(group)
+        environment = collect_fingerprint(torch, ctx.has_cuda, cross_check=False)
+        checks = []
+        for spec in specs:
+            entry = server.entry(spec) if server is not None and spec.id not in here else None
+            if entry is None:  # this process's own, or the server could not run it
+                remaining = None if budget is None else budget - (time.time() - started)
+                entry = framework.run_spec(spec, ctx, remaining)
+            checks.append(entry)
+            if progress is not None:
+                progress(entry)
+    finally:
+        if server is not None:
+            server.close()
     return build_report(checks, environment, patched_ids, started_wall, time.time() - started)
 
 
