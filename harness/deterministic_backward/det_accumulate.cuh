@@ -191,6 +191,42 @@ __device__ __forceinline__ void det_unravel5(const det_walk5& w, int64_t linear,
   }
 }
 
+// Whether every element offset of a view (and its element count) fits in
+// int32: the kernels then do their index arithmetic in 32 bits (int64
+// multiplies and divides dominated their cost).
+static inline bool det_fits_int32(const det_view5& v) {
+  int64_t span = 1, numel = 1;
+  for (int i = 0; i < 5; ++i) {
+    if (v.size[i] == 0) {
+      return true;
+    }
+    span += (v.size[i] - 1) * (v.stride[i] < 0 ? -v.stride[i] : v.stride[i]);
+    numel *= v.size[i];
+  }
+  const int64_t lim = std::numeric_limits<int32_t>::max();
+  return span <= lim && numel <= lim;
+}
+
+// q = n / m.d for non-negative n: by multiply-high in 32 bits, by plain
+// division in 64 bits.
+__device__ __forceinline__ int det_divq(int n, const det_divmod_u32& m) {
+  return static_cast<int>(m.div(static_cast<uint32_t>(n)));
+}
+__device__ __forceinline__ int64_t det_divq(int64_t n, const det_divmod_u32& m) {
+  return n / static_cast<int64_t>(m.d);
+}
+
+// Pooling cells of one axis (window extent k, stride s, padding p, out
+// cells) whose window covers input position i: [*lo, *hi].
+template <typename idx_t>
+__device__ __forceinline__ void det_pool_cover(
+    idx_t i, idx_t k, const det_divmod_u32& s, idx_t p, idx_t out, idx_t* lo, idx_t* hi) {
+  const idx_t a = i + p - k + 1;
+  *lo = a <= 0 ? idx_t(0) : det_divq(static_cast<idx_t>(a + static_cast<idx_t>(s.d) - 1), s);
+  const idx_t b = det_divq(static_cast<idx_t>(i + p), s);
+  *hi = b < out - 1 ? b : out - 1;
+}
+
 // --- the fixed-point primitive ------------------------------------------------
 // State: one unsigned long long holding the bit pattern of M (as a double).
 // Zero it (det_fixed_point_begin), run det_fixed_point_prepare_kernel over the

@@ -53,6 +53,16 @@ void detbw17_index_scatter_backward(const at::TensorBase& gi, const at::TensorBa
                                                 max_hits);
 }
 
+bool detbw17_argmax_gather_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                    const at::TensorBase& ind, int64_t spatial,
+                                    const int64_t* in_size, const int64_t* out_size, bool from_target,
+                                    const int64_t* kernel, const int64_t* stride,
+                                    const int64_t* padding, const int64_t* dilation) {
+  return detbw17::argmax_gather_backward_deterministic(gi, go, ind, static_cast<int>(spatial), in_size,
+                                                       out_size, from_target, kernel, stride, padding,
+                                                       dilation);
+}
+
 int64_t detbw17_windows_covering(int64_t k, int64_t s, int64_t d) {
   return detbw17::det_windows_covering(k, s, d);
 }

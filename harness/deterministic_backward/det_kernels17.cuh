@@ -19,45 +19,62 @@
 // BEGIN adaptive_avg_pool
 // Output cell o of an adaptive pooling axis (in -> out) covers input
 // [floor(o*in/out), ceil((o+1)*in/out)); input i is covered by output cells
-// [floor(i*out/in), ceil((i+1)*out/in)).
-__device__ __forceinline__ int64_t det_adaptive_begin(int64_t a, int64_t from, int64_t to) {
-  return (a * to) / from;
+// [floor(i*out/in), ceil((i+1)*out/in)). Divisions by the axis sizes go
+// through det_divmod_u32 (multiply-high) on the 32-bit path.
+struct det_adaptive_axes {
+  det_divmod_u32 by_in[3];   // D, H, W input sizes
+  det_divmod_u32 by_out[3];  // D, H, W output sizes
+};
+
+template <typename idx_t>
+__device__ __forceinline__ idx_t det_adaptive_begin(idx_t a, idx_t to, const det_divmod_u32& from) {
+  return det_divq(static_cast<idx_t>(a * to), from);
 }
-__device__ __forceinline__ int64_t det_adaptive_end(int64_t a, int64_t from, int64_t to) {
-  return ((a + 1) * to + from - 1) / from;
+template <typename idx_t>
+__device__ __forceinline__ idx_t det_adaptive_end(idx_t a, idx_t to, const det_divmod_u32& from) {
+  return det_divq(static_cast<idx_t>((a + 1) * to + static_cast<idx_t>(from.d) - 1), from);
 }
 
-template <typename scalar_t, typename opmath_t>
+template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void adaptive_avg_pool_backward_deterministic_kernel(
-    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_adaptive_axes ax,
     scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  const int64_t ID = gi.size[2], IH = gi.size[3], IW = gi.size[4];
-  const int64_t OD = go.size[2], OH = go.size[3], OW = go.size[4];
-  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += stride) {
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  const idx_t ID = static_cast<idx_t>(gi.size[2]), IH = static_cast<idx_t>(gi.size[3]),
+              IW = static_cast<idx_t>(gi.size[4]);
+  const idx_t OD = static_cast<idx_t>(go.size[2]), OH = static_cast<idx_t>(go.size[3]),
+              OW = static_cast<idx_t>(go.size[4]);
+  const idx_t gs2 = static_cast<idx_t>(go.stride[2]), gs3 = static_cast<idx_t>(go.stride[3]),
+              gs4 = static_cast<idx_t>(go.stride[4]);
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
     int64_t idx[5];
     det_unravel5(walk, linear, idx);
-    const int64_t d = idx[2], h = idx[3], w = idx[4];
-    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
-    const int64_t od0 = det_adaptive_begin(d, ID, OD), od1 = det_adaptive_end(d, ID, OD);
-    const int64_t oh0 = det_adaptive_begin(h, IH, OH), oh1 = det_adaptive_end(h, IH, OH);
-    const int64_t ow0 = det_adaptive_begin(w, IW, OW), ow1 = det_adaptive_end(w, IW, OW);
+    const idx_t d = static_cast<idx_t>(idx[2]), h = static_cast<idx_t>(idx[3]),
+                w = static_cast<idx_t>(idx[4]);
+    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+        static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
+    const idx_t od0 = det_adaptive_begin(d, OD, ax.by_in[0]), od1 = det_adaptive_end(d, OD, ax.by_in[0]);
+    const idx_t oh0 = det_adaptive_begin(h, OH, ax.by_in[1]), oh1 = det_adaptive_end(h, OH, ax.by_in[1]);
+    const idx_t ow0 = det_adaptive_begin(w, OW, ax.by_in[2]), ow1 = det_adaptive_end(w, OW, ax.by_in[2]);
     opmath_t acc = static_cast<opmath_t>(0);
-    for (int64_t od = od0; od < od1; ++od) {
-      const int64_t kd = det_adaptive_end(od, OD, ID) - det_adaptive_begin(od, OD, ID);
-      for (int64_t oh = oh0; oh < oh1; ++oh) {
-        const int64_t kdh = kd * (det_adaptive_end(oh, OH, IH) - det_adaptive_begin(oh, OH, IH));
-        const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
-        for (int64_t ow = ow0; ow < ow1; ++ow) {
-          const int64_t k = kdh * (det_adaptive_end(ow, OW, IW) - det_adaptive_begin(ow, OW, IW));
-          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) / static_cast<opmath_t>(k);
+    for (idx_t od = od0; od < od1; ++od) {
+      const idx_t kd = det_adaptive_end(od, ID, ax.by_out[0]) - det_adaptive_begin(od, ID, ax.by_out[0]);
+      for (idx_t oh = oh0; oh < oh1; ++oh) {
+        const idx_t kdh = kd * (det_adaptive_end(oh, IH, ax.by_out[1]) - det_adaptive_begin(oh, IH, ax.by_out[1]));
+        const scalar_t* row = gout + od * gs2 + oh * gs3;
+        for (idx_t ow = ow0; ow < ow1; ++ow) {
+          const idx_t k = kdh * (det_adaptive_end(ow, IW, ax.by_out[2]) - det_adaptive_begin(ow, IW, ax.by_out[2]));
+          acc += static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(k);
         }
       }
     }
-    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + d * gi.stride[2] +
-               h * gi.stride[3] + w * gi.stride[4]] = static_cast<scalar_t>(acc);
+    grad_input[static_cast<idx_t>(idx[0]) * static_cast<idx_t>(gi.stride[0]) +
+               static_cast<idx_t>(idx[1]) * static_cast<idx_t>(gi.stride[1]) +
+               d * static_cast<idx_t>(gi.stride[2]) + h * static_cast<idx_t>(gi.stride[3]) +
+               w * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
   }
 }
 
@@ -72,13 +89,30 @@ static void adaptive_avg_pool_backward_deterministic(
   const det_view5 gi = det_make_view5(grad_input, spatial);
   const det_view5 go = det_make_view5(grad_output, spatial);
   const det_walk5 walk = det_make_walk5(gi);
+  det_adaptive_axes ax;
+  bool small = det_fits_int32(gi) && det_fits_int32(go);
+  for (int a = 0; a < 3; ++a) {
+    ax.by_in[a] = det_divmod_u32(static_cast<uint32_t>(gi.size[2 + a]));
+    ax.by_out[a] = det_divmod_u32(static_cast<uint32_t>(go.size[2 + a]));
+    // numerators reach (size_in + 1) * (size_out + 1)
+    small = small && (gi.size[2 + a] + 1) * (go.size[2 + a] + 1) <= std::numeric_limits<int32_t>::max();
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
       "adaptive_avg_pool_backward_cuda_deterministic", [&] {
-        adaptive_avg_pool_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
-            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-                total, walk, gi, go, grad_input.data_ptr<scalar_t>(),
-                grad_output.data_ptr<scalar_t>());
+        using opmath_t = at::opmath_type<scalar_t>;
+        auto stream = at::cuda::getCurrentCUDAStream();
+        if (small) {
+          adaptive_avg_pool_backward_deterministic_kernel<scalar_t, opmath_t, int>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  static_cast<int>(total), walk, gi, go, ax, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        } else {
+          adaptive_avg_pool_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  total, walk, gi, go, ax, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
@@ -90,63 +124,71 @@ static void adaptive_avg_pool_backward_deterministic(
 // ceil((i + pad - k + 1) / stride) .. floor((i + pad) / stride).
 struct det_avg_pool3d_params {
   int64_t k[3], s[3], p[3];
+  det_divmod_u32 by_s[3];
   bool count_include_pad;
   int64_t divisor_override;  // 0: none
 };
 
-__device__ __forceinline__ void det_pool_cover(
-    int64_t i, int64_t k, int64_t s, int64_t p, int64_t out, int64_t* lo, int64_t* hi) {
-  const int64_t a = i + p - k + 1;
-  *lo = a <= 0 ? 0 : (a + s - 1) / s;
-  const int64_t b = (i + p) / s;
-  *hi = b < out - 1 ? b : out - 1;
-}
-
-template <typename scalar_t, typename opmath_t>
+template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void avg_pool3d_backward_deterministic_kernel(
-    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_avg_pool3d_params prm,
     scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += stride) {
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  idx_t K[3], S[3], P[3], I[3], O[3];
+  for (int a = 0; a < 3; ++a) {
+    K[a] = static_cast<idx_t>(prm.k[a]);
+    S[a] = static_cast<idx_t>(prm.s[a]);
+    P[a] = static_cast<idx_t>(prm.p[a]);
+    I[a] = static_cast<idx_t>(gi.size[2 + a]);
+    O[a] = static_cast<idx_t>(go.size[2 + a]);
+  }
+  const idx_t gs2 = static_cast<idx_t>(go.stride[2]), gs3 = static_cast<idx_t>(go.stride[3]),
+              gs4 = static_cast<idx_t>(go.stride[4]);
+  const idx_t dov = static_cast<idx_t>(prm.divisor_override);
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
     int64_t idx[5];
     det_unravel5(walk, linear, idx);
-    int64_t lo[3], hi[3];
+    idx_t lo[3], hi[3];
     for (int a = 0; a < 3; ++a) {
-      det_pool_cover(idx[2 + a], prm.k[a], prm.s[a], prm.p[a], go.size[2 + a], &lo[a], &hi[a]);
+      det_pool_cover(static_cast<idx_t>(idx[2 + a]), K[a], prm.by_s[a], P[a], O[a], &lo[a], &hi[a]);
     }
-    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+        static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
     opmath_t acc = static_cast<opmath_t>(0);
-    for (int64_t ot = lo[0]; ot <= hi[0]; ++ot) {
-      const int64_t t0 = ot * prm.s[0] - prm.p[0];
-      const int64_t t1 = ::min(t0 + prm.k[0], gi.size[2] + prm.p[0]);
-      const int64_t nt_pad = t1 - t0;
-      const int64_t nt = ::min(t1, gi.size[2]) - ::max(t0, int64_t(0));
-      for (int64_t oh = lo[1]; oh <= hi[1]; ++oh) {
-        const int64_t h0 = oh * prm.s[1] - prm.p[1];
-        const int64_t h1 = ::min(h0 + prm.k[1], gi.size[3] + prm.p[1]);
-        const int64_t nh_pad = h1 - h0;
-        const int64_t nh = ::min(h1, gi.size[3]) - ::max(h0, int64_t(0));
-        const scalar_t* row = gout + ot * go.stride[2] + oh * go.stride[3];
-        for (int64_t ow = lo[2]; ow <= hi[2]; ++ow) {
-          const int64_t w0 = ow * prm.s[2] - prm.p[2];
-          const int64_t w1 = ::min(w0 + prm.k[2], gi.size[4] + prm.p[2]);
-          int64_t divisor;
-          if (prm.divisor_override) {
-            divisor = prm.divisor_override;
+    for (idx_t ot = lo[0]; ot <= hi[0]; ++ot) {
+      const idx_t t0 = ot * S[0] - P[0];
+      const idx_t t1 = ::min(t0 + K[0], I[0] + P[0]);
+      const idx_t nt_pad = t1 - t0;
+      const idx_t nt = ::min(t1, I[0]) - ::max(t0, idx_t(0));
+      for (idx_t oh = lo[1]; oh <= hi[1]; ++oh) {
+        const idx_t h0 = oh * S[1] - P[1];
+        const idx_t h1 = ::min(h0 + K[1], I[1] + P[1]);
+        const idx_t nth_pad = nt_pad * (h1 - h0);
+        const idx_t nth = nt * (::min(h1, I[1]) - ::max(h0, idx_t(0)));
+        const scalar_t* row = gout + ot * gs2 + oh * gs3;
+        for (idx_t ow = lo[2]; ow <= hi[2]; ++ow) {
+          const idx_t w0 = ow * S[2] - P[2];
+          const idx_t w1 = ::min(w0 + K[2], I[2] + P[2]);
+          idx_t divisor;
+          if (dov) {
+            divisor = dov;
           } else if (prm.count_include_pad) {
-            divisor = nt_pad * nh_pad * (w1 - w0);
+            divisor = nth_pad * (w1 - w0);
           } else {
-            divisor = nt * nh * (::min(w1, gi.size[4]) - ::max(w0, int64_t(0)));
+            divisor = nth * (::min(w1, I[2]) - ::max(w0, idx_t(0)));
           }
-          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) / static_cast<opmath_t>(divisor);
+          acc += static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(divisor);
         }
       }
     }
-    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + idx[2] * gi.stride[2] +
-               idx[3] * gi.stride[3] + idx[4] * gi.stride[4]] = static_cast<scalar_t>(acc);
+    grad_input[static_cast<idx_t>(idx[0]) * static_cast<idx_t>(gi.stride[0]) +
+               static_cast<idx_t>(idx[1]) * static_cast<idx_t>(gi.stride[1]) +
+               static_cast<idx_t>(idx[2]) * static_cast<idx_t>(gi.stride[2]) +
+               static_cast<idx_t>(idx[3]) * static_cast<idx_t>(gi.stride[3]) +
+               static_cast<idx_t>(idx[4]) * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
   }
 }
 
@@ -164,18 +206,32 @@ static void avg_pool3d_backward_deterministic(
   prm.k[0] = kT; prm.k[1] = kH; prm.k[2] = kW;
   prm.s[0] = dT; prm.s[1] = dH; prm.s[2] = dW;
   prm.p[0] = padT; prm.p[1] = padH; prm.p[2] = padW;
+  for (int a = 0; a < 3; ++a) {
+    prm.by_s[a] = det_divmod_u32(static_cast<uint32_t>(prm.s[a]));
+  }
   prm.count_include_pad = count_include_pad;
   prm.divisor_override = divisor_override;
   const det_view5 gi = det_make_view5(grad_input, 3);
   const det_view5 go = det_make_view5(grad_output, 3);
   const det_walk5 walk = det_make_walk5(gi);
+  const bool small = det_fits_int32(gi) && det_fits_int32(go) &&
+      kT * kH * kW <= std::numeric_limits<int32_t>::max() / 8;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
       "avg_pool3d_backward_cuda_deterministic", [&] {
-        avg_pool3d_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
-            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-                total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
-                grad_output.data_ptr<scalar_t>());
+        using opmath_t = at::opmath_type<scalar_t>;
+        auto stream = at::cuda::getCurrentCUDAStream();
+        if (small) {
+          avg_pool3d_backward_deterministic_kernel<scalar_t, opmath_t, int>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  static_cast<int>(total), walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        } else {
+          avg_pool3d_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
@@ -196,22 +252,29 @@ struct det_pad_params {
   bool reflection;   // else replication
 };
 
-__device__ __forceinline__ int64_t det_reflect_source(int64_t o, int64_t in, int64_t pad_l) {
-  const int64_t i_start = pad_l < 0 ? -pad_l : 0;
-  const int64_t o_start = pad_l > 0 ? pad_l : 0;
-  const int64_t a = o - pad_l;
-  const int64_t b = o - (in + pad_l - 1);
+template <typename idx_t>
+__device__ __forceinline__ idx_t det_reflect_source(idx_t o, idx_t in, idx_t pad_l) {
+  const idx_t i_start = pad_l < 0 ? -pad_l : 0;
+  const idx_t o_start = pad_l > 0 ? pad_l : 0;
+  const idx_t a = o - pad_l;
+  const idx_t b = o - (in + pad_l - 1);
   return (a < 0 ? -a : a) - (b < 0 ? -b : b) - o + 2 * pad_l + in - 1 - o_start + i_start;
 }
 
 // Ranges [lo[k], hi[k]] of outputs (of size out) that feed input x (of size in).
+template <typename idx_t>
 __device__ __forceinline__ int det_pad_sources(
-    bool reflection, int64_t x, int64_t in, int64_t out, int64_t pad_l, int64_t* lo, int64_t* hi) {
-  const int64_t u = x + pad_l;
+    bool reflection, idx_t x, idx_t in, idx_t out, idx_t pad_l, idx_t* lo, idx_t* hi) {
+  const idx_t u = x + pad_l;
+  if (in == out && pad_l == 0) {  // an axis the op does not pad
+    lo[0] = x;
+    hi[0] = x;
+    return 1;
+  }
   if (!reflection) {
-    int64_t a = x == 0 ? 0 : u;
-    int64_t b = x == in - 1 ? out - 1 : u;
-    a = a < 0 ? 0 : a;
+    idx_t a = x == 0 ? idx_t(0) : u;
+    idx_t b = x == in - 1 ? out - 1 : u;
+    a = a < 0 ? idx_t(0) : a;
     b = b > out - 1 ? out - 1 : b;
     if (a > b) {
       return 0;
@@ -220,10 +283,11 @@ __device__ __forceinline__ int det_pad_sources(
     hi[0] = b;
     return 1;
   }
-  int64_t cand[3] = {2 * pad_l - u, u, 2 * (in + pad_l - 1) - u};  // ascending when pad < in
+  // candidates in ascending order when pad < in: left mirror, direct, right mirror
+  const idx_t cand[3] = {2 * pad_l - u, u, 2 * (in + pad_l - 1) - u};
   int n = 0;
   for (int k = 0; k < 3; ++k) {
-    const int64_t o = cand[k];
+    const idx_t o = cand[k];
     if (o < 0 || o >= out || det_reflect_source(o, in, pad_l) != x) {
       continue;
     }
@@ -237,54 +301,56 @@ __device__ __forceinline__ int det_pad_sources(
       ++n;
     }
   }
-  // keep ascending order (a fixed order is all determinism needs; ascending is tidy)
-  for (int i = 1; i < n; ++i) {
-    for (int j = i; j > 0 && lo[j - 1] > lo[j]; --j) {
-      const int64_t t = lo[j - 1];
-      lo[j - 1] = lo[j];
-      lo[j] = t;
-      hi[j - 1] = lo[j - 1];
-      hi[j] = lo[j];
-    }
-  }
-  return n;
+  return n;  // the order is fixed by the candidate order: all determinism needs
 }
 
-template <typename scalar_t, typename opmath_t>
+template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void pad_backward_deterministic_kernel(
-    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_pad_params prm,
     scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += stride) {
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  idx_t I[3], O[3], PL[3];
+  for (int a = 0; a < 3; ++a) {
+    I[a] = static_cast<idx_t>(gi.size[2 + a]);
+    O[a] = static_cast<idx_t>(go.size[2 + a]);
+    PL[a] = static_cast<idx_t>(prm.pad_l[a]);
+  }
+  const idx_t gs2 = static_cast<idx_t>(go.stride[2]), gs3 = static_cast<idx_t>(go.stride[3]),
+              gs4 = static_cast<idx_t>(go.stride[4]);
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
     int64_t idx[5];
     det_unravel5(walk, linear, idx);
-    int64_t lo[3][3], hi[3][3];
+    idx_t lo[3][3], hi[3][3];
     int nr[3];
     for (int a = 0; a < 3; ++a) {
-      nr[a] = det_pad_sources(prm.reflection, idx[2 + a], gi.size[2 + a], go.size[2 + a],
-                              prm.pad_l[a], lo[a], hi[a]);
+      nr[a] = det_pad_sources(prm.reflection, static_cast<idx_t>(idx[2 + a]), I[a], O[a], PL[a],
+                              lo[a], hi[a]);
     }
-    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+        static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
     opmath_t acc = static_cast<opmath_t>(0);
     for (int rd = 0; rd < nr[0]; ++rd) {
-      for (int64_t od = lo[0][rd]; od <= hi[0][rd]; ++od) {
+      for (idx_t od = lo[0][rd]; od <= hi[0][rd]; ++od) {
         for (int rh = 0; rh < nr[1]; ++rh) {
-          for (int64_t oh = lo[1][rh]; oh <= hi[1][rh]; ++oh) {
-            const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
+          for (idx_t oh = lo[1][rh]; oh <= hi[1][rh]; ++oh) {
+            const scalar_t* row = gout + od * gs2 + oh * gs3;
             for (int rw = 0; rw < nr[2]; ++rw) {
-              for (int64_t ow = lo[2][rw]; ow <= hi[2][rw]; ++ow) {
-                acc += static_cast<opmath_t>(row[ow * go.stride[4]]);
+              for (idx_t ow = lo[2][rw]; ow <= hi[2][rw]; ++ow) {
+                acc += static_cast<opmath_t>(row[ow * gs4]);
               }
             }
           }
         }
       }
     }
-    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + idx[2] * gi.stride[2] +
-               idx[3] * gi.stride[3] + idx[4] * gi.stride[4]] = static_cast<scalar_t>(acc);
+    grad_input[static_cast<idx_t>(idx[0]) * static_cast<idx_t>(gi.stride[0]) +
+               static_cast<idx_t>(idx[1]) * static_cast<idx_t>(gi.stride[1]) +
+               static_cast<idx_t>(idx[2]) * static_cast<idx_t>(gi.stride[2]) +
+               static_cast<idx_t>(idx[3]) * static_cast<idx_t>(gi.stride[3]) +
+               static_cast<idx_t>(idx[4]) * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
   }
 }
 
@@ -306,13 +372,24 @@ static void pad_backward_deterministic(
   const det_view5 gi = det_make_view5(grad_input, spatial);
   const det_view5 go = det_make_view5(grad_output, spatial);
   const det_walk5 walk = det_make_walk5(gi);
+  // 2 * (in + pad) must fit too (the mirror candidates)
+  const bool small = det_fits_int32(gi) && det_fits_int32(go);
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::ScalarType::Half, at::ScalarType::BFloat16, grad_input.scalar_type(),
       "pad_backward_cuda_deterministic", [&] {
-        pad_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
-            <<<det_blocks(total), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-                total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
-                grad_output.data_ptr<scalar_t>());
+        using opmath_t = at::opmath_type<scalar_t>;
+        auto stream = at::cuda::getCurrentCUDAStream();
+        if (small) {
+          pad_backward_deterministic_kernel<scalar_t, opmath_t, int>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  static_cast<int>(total), walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        } else {
+          pad_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
+              <<<det_blocks(total), 256, 0, stream>>>(
+                  total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
+                  grad_output.data_ptr<scalar_t>());
+        }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
 }
@@ -452,15 +529,15 @@ __device__ __forceinline__ opmath_t det_interp_weight(
   return w;
 }
 
-template <typename scalar_t, typename opmath_t>
+template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void upsample_backward_deterministic_gather_kernel(
-    const int64_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_interp_params<opmath_t> prm,
     const int* __restrict__ tap_index, const opmath_t* __restrict__ tap_weight,
     const int* __restrict__ ranges,
     scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
   const int* ti_d = tap_index + prm.axis[0].tap_offset;
   const int* ti_h = tap_index + prm.axis[1].tap_offset;
   const int* ti_w = tap_index + prm.axis[2].tap_offset;
@@ -468,16 +545,19 @@ __global__ void upsample_backward_deterministic_gather_kernel(
   const opmath_t* tw_h = tap_weight + prm.axis[1].tap_offset;
   const opmath_t* tw_w = tap_weight + prm.axis[2].tap_offset;
   const int kd = prm.axis[0].taps, kh = prm.axis[1].taps, kw = prm.axis[2].taps;
-  for (int64_t linear = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       linear < total; linear += stride) {
+  const idx_t gs2 = static_cast<idx_t>(go.stride[2]), gs3 = static_cast<idx_t>(go.stride[3]),
+              gs4 = static_cast<idx_t>(go.stride[4]);
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
     int64_t idx[5];
     det_unravel5(walk, linear, idx);
-    const int64_t d = idx[2], h = idx[3], w = idx[4];
+    const int d = static_cast<int>(idx[2]), h = static_cast<int>(idx[3]), w = static_cast<int>(idx[4]);
     const int* rd = ranges + prm.axis[0].range_offset + 2 * d;
     const int* rh = ranges + prm.axis[1].range_offset + 2 * h;
     const int* rw = ranges + prm.axis[2].range_offset + 2 * w;
     const int rw0 = rw[0], rw1 = rw[1];
-    const scalar_t* gout = grad_output + idx[0] * go.stride[0] + idx[1] * go.stride[1];
+    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+        static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
     opmath_t acc = static_cast<opmath_t>(0);
     for (int od = rd[0]; od < rd[1]; ++od) {
       const opmath_t wd = det_interp_weight(ti_d + od * DET_INTERP_MAX_TAPS,
@@ -485,24 +565,22 @@ __global__ void upsample_backward_deterministic_gather_kernel(
       for (int oh = rh[0]; oh < rh[1]; ++oh) {
         const opmath_t wdh = wd * det_interp_weight(ti_h + oh * DET_INTERP_MAX_TAPS,
                                                     tw_h + oh * DET_INTERP_MAX_TAPS, kh, h);
-        const scalar_t* row = gout + od * go.stride[2] + oh * go.stride[3];
+        const scalar_t* row = gout + static_cast<idx_t>(od) * gs2 + static_cast<idx_t>(oh) * gs3;
         for (int ow = rw0; ow < rw1; ++ow) {
           const opmath_t ww = det_interp_weight(ti_w + ow * DET_INTERP_MAX_TAPS,
                                                 tw_w + ow * DET_INTERP_MAX_TAPS, kw, w);
-          acc += static_cast<opmath_t>(row[ow * go.stride[4]]) * (wdh * ww);
+          acc += static_cast<opmath_t>(row[static_cast<idx_t>(ow) * gs4]) * (wdh * ww);
         }
       }
     }
-    grad_input[idx[0] * gi.stride[0] + idx[1] * gi.stride[1] + d * gi.stride[2] +
-               h * gi.stride[3] + w * gi.stride[4]] = static_cast<scalar_t>(acc);
+    grad_input[static_cast<idx_t>(idx[0]) * static_cast<idx_t>(gi.stride[0]) +
+               static_cast<idx_t>(idx[1]) * static_cast<idx_t>(gi.stride[1]) +
+               static_cast<idx_t>(d) * static_cast<idx_t>(gi.stride[2]) +
+               static_cast<idx_t>(h) * static_cast<idx_t>(gi.stride[3]) +
+               static_cast<idx_t>(w) * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
   }
 }
 
-// spatial = 1 (linear), 2 (bilinear / bicubic), 3 (trilinear); cubic only
-// with spatial = 2. scales: the forward's per-axis scales (D, H, W; as
-// area_pixel_compute_scale returns them, in the accumulate type), unused axes
-// ignored. When every axis has the same size in and out the forward copies;
-// so does this. grad_input is written in full.
 template <typename scalar_t, typename opmath_t>
 static void upsample_backward_deterministic_run(
     const at::TensorBase& grad_input, const at::TensorBase& grad_output, int spatial,
@@ -543,12 +621,21 @@ static void upsample_backward_deterministic_run(
       static_cast<int*>(ranges.get()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const det_walk5 walk = det_make_walk5(gi);
-  upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t>
-      <<<det_blocks(total), 256, 0, stream>>>(
-          total, walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
-          static_cast<const opmath_t*>(tap_weight.get()),
-          static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
-          grad_output.data_ptr<scalar_t>());
+  if (det_fits_int32(gi) && det_fits_int32(go)) {
+    upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t, int>
+        <<<det_blocks(total), 256, 0, stream>>>(
+            static_cast<int>(total), walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
+            static_cast<const opmath_t*>(tap_weight.get()),
+            static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
+            grad_output.data_ptr<scalar_t>());
+  } else {
+    upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t, int64_t>
+        <<<det_blocks(total), 256, 0, stream>>>(
+            total, walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
+            static_cast<const opmath_t*>(tap_weight.get()),
+            static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
+            grad_output.data_ptr<scalar_t>());
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // scratch returns to the stream-ordered caching allocator when the DataPtrs go
 }
@@ -664,6 +751,151 @@ static inline int64_t det_windows_covering(int64_t kernel, int64_t stride, int64
   return by_span < kernel ? by_span : kernel;
 }
 // END index_scatter
+
+// BEGIN argmax_gather
+// Atomic-free alternative to index_scatter for the same ops (the form of
+// PT-0201): grad_input is zeroed; each output cell o with argmax t looks at
+// the output cells that can share t (a box per axis, below), in ascending
+// linear order. If one of them before o has argmax t, o does nothing;
+// otherwise o is the first ("leader"): it sums grad_output over all cells of
+// the box with argmax t, in that order, and stores once. One writer per
+// element, fixed order: bitwise reproducible.
+//   max_pool3d: the cells whose window covers t, from t (det_pool_cover with
+//     the dilated window extent (k - 1) * dilation + 1);
+//   fractional_max_pool2d/3d: window starts are non-decreasing and rise by at
+//     least 1 at every step except possibly the last, so cells covering the
+//     same t lie within k of each other: the box is o +- k.
+struct det_argmax_params {
+  int64_t in[3], out[3];   // D, H, W (1 for absent axes)
+  int64_t k[3], s[3], p[3];  // max_pool3d: extent, stride, padding
+  det_divmod_u32 by_s[3];
+  int64_t radius[3];       // fractional: box half-width
+  bool from_target;        // true: max_pool3d box; false: fractional box
+  det_divmod_u32 by_out_plane, by_out_w, by_out_hw, by_in_w, by_in_hw;
+};
+
+template <typename scalar_t, typename opmath_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void argmax_gather_backward_deterministic_kernel(
+    const int total_out, const det_argmax_params prm,
+    const scalar_t* __restrict__ grad_output, const int64_t* __restrict__ indices,
+    scalar_t* __restrict__ grad_input) {
+  const int OD = static_cast<int>(prm.out[0]), OH = static_cast<int>(prm.out[1]),
+            OW = static_cast<int>(prm.out[2]);
+  const int out_plane = OD * OH * OW;
+  const int in_plane = static_cast<int>(prm.in[0] * prm.in[1] * prm.in[2]);
+  const int stride = static_cast<int>(blockDim.x) * gridDim.x;
+  for (int o = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x; o < total_out; o += stride) {
+    const int64_t target64 = indices[o];
+    if (target64 < 0 || target64 >= in_plane) {
+      continue;  // not a valid argmax; the atomic kernel would fault
+    }
+    const int t = static_cast<int>(target64);
+    const int plane = det_divq(o, prm.by_out_plane);
+    const int base = plane * out_plane;
+    int lo[3], hi[3];
+    if (prm.from_target) {
+      const int td = det_divq(t, prm.by_in_hw);
+      const int thw = t - td * static_cast<int>(prm.in[1] * prm.in[2]);
+      const int th = det_divq(thw, prm.by_in_w);
+      const int tw = thw - th * static_cast<int>(prm.in[2]);
+      const int tt[3] = {td, th, tw};
+      for (int a = 0; a < 3; ++a) {
+        det_pool_cover(tt[a], static_cast<int>(prm.k[a]), prm.by_s[a], static_cast<int>(prm.p[a]),
+                       static_cast<int>(prm.out[a]), &lo[a], &hi[a]);
+      }
+    } else {
+      const int r = o - base;
+      const int od = det_divq(r, prm.by_out_hw);
+      const int rhw = r - od * OH * OW;
+      const int oh = det_divq(rhw, prm.by_out_w);
+      const int ow = rhw - oh * OW;
+      const int oo[3] = {od, oh, ow};
+      for (int a = 0; a < 3; ++a) {
+        const int rad = static_cast<int>(prm.radius[a]);
+        lo[a] = oo[a] - rad < 0 ? 0 : oo[a] - rad;
+        hi[a] = oo[a] + rad > static_cast<int>(prm.out[a]) - 1 ? static_cast<int>(prm.out[a]) - 1 : oo[a] + rad;
+      }
+    }
+    opmath_t acc = static_cast<opmath_t>(0);
+    bool leader = true;
+    for (int d = lo[0]; leader && d <= hi[0]; ++d) {
+      for (int h = lo[1]; leader && h <= hi[1]; ++h) {
+        const int row = base + (d * OH + h) * OW;
+        for (int w = lo[2]; w <= hi[2]; ++w) {
+          const int o2 = row + w;
+          if (indices[o2] == target64) {
+            if (o2 < o) {
+              leader = false;
+              break;
+            }
+            acc += static_cast<opmath_t>(grad_output[o2]);
+          }
+        }
+      }
+    }
+    if (leader) {
+      grad_input[plane * in_plane + t] = static_cast<scalar_t>(acc);
+    }
+  }
+}
+
+// grad_input_c, grad_output_c, indices_c contiguous; spatial 2 or 3; in/out
+// sizes of the pooled axes; for max_pool3d (from_target) kernel, stride,
+// padding, dilation per axis; for fractional the pool size per axis. Returns
+// false (and does nothing) when the 32-bit index path does not fit; the
+// caller then uses index_scatter_backward_deterministic.
+static bool argmax_gather_backward_deterministic(
+    const at::TensorBase& grad_input_c, const at::TensorBase& grad_output_c,
+    const at::TensorBase& indices_c, int spatial, const int64_t* in_size, const int64_t* out_size,
+    bool from_target, const int64_t* kernel, const int64_t* stride, const int64_t* padding,
+    const int64_t* dilation) {
+  const int64_t total_in = grad_input_c.numel();
+  const int64_t total_out = grad_output_c.numel();
+  const int64_t lim = std::numeric_limits<int32_t>::max();
+  if (total_in > lim || total_out > lim) {
+    return false;
+  }
+  if (total_in == 0) {
+    return true;
+  }
+  auto stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaMemsetAsync(grad_input_c.data_ptr(), 0, total_in * grad_input_c.element_size(), stream));
+  if (total_out == 0) {
+    return true;
+  }
+  det_argmax_params prm;
+  const int off = 3 - spatial;
+  for (int a = 0; a < 3; ++a) {
+    const bool used = a >= off;
+    prm.in[a] = used ? in_size[a - off] : 1;
+    prm.out[a] = used ? out_size[a - off] : 1;
+    const int64_t k = used ? kernel[a - off] : 1;
+    const int64_t dil = used && dilation ? dilation[a - off] : 1;
+    prm.k[a] = from_target ? (k - 1) * dil + 1 : k;
+    prm.s[a] = used && from_target ? stride[a - off] : 1;
+    prm.p[a] = used && from_target ? padding[a - off] : 0;
+    prm.by_s[a] = det_divmod_u32(static_cast<uint32_t>(prm.s[a]));
+    prm.radius[a] = used ? k : 0;
+  }
+  prm.from_target = from_target;
+  prm.by_out_plane = det_divmod_u32(static_cast<uint32_t>(prm.out[0] * prm.out[1] * prm.out[2]));
+  prm.by_out_w = det_divmod_u32(static_cast<uint32_t>(prm.out[2]));
+  prm.by_out_hw = det_divmod_u32(static_cast<uint32_t>(prm.out[1] * prm.out[2]));
+  prm.by_in_w = det_divmod_u32(static_cast<uint32_t>(prm.in[2]));
+  prm.by_in_hw = det_divmod_u32(static_cast<uint32_t>(prm.in[1] * prm.in[2]));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::ScalarType::Half, at::ScalarType::BFloat16, grad_input_c.scalar_type(),
+      "argmax_gather_backward_cuda_deterministic", [&] {
+        argmax_gather_backward_deterministic_kernel<scalar_t, at::opmath_type<scalar_t>>
+            <<<det_blocks(total_out), 256, 0, stream>>>(
+                static_cast<int>(total_out), prm, grad_output_c.data_ptr<scalar_t>(),
+                indices_c.data_ptr<int64_t>(), grad_input_c.data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+  return true;
+}
+// END argmax_gather
 
 // BEGIN max_unpool
 // max_unpool2d/3d forward writes output[plane, indices[i]] = input[plane, i].

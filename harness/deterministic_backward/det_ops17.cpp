@@ -35,6 +35,11 @@ void detbw17_index_scatter_backward(const at::TensorBase& gi, const at::TensorBa
                                     const at::TensorBase& ind, int64_t planes, int64_t in_plane,
                                     int64_t out_plane, int64_t max_hits);
 int64_t detbw17_windows_covering(int64_t k, int64_t s, int64_t d);
+bool detbw17_argmax_gather_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                    const at::TensorBase& ind, int64_t spatial,
+                                    const int64_t* in_size, const int64_t* out_size, bool from_target,
+                                    const int64_t* kernel, const int64_t* stride,
+                                    const int64_t* padding, const int64_t* dilation);
 void detbw17_max_unpool(const at::TensorBase& out, const at::TensorBase& in,
                         const at::TensorBase& ind, int64_t planes, int64_t in_plane,
                         int64_t out_plane);
@@ -158,10 +163,11 @@ static Tensor index_scatter_bw(const Tensor& grad_output, const Tensor& self, co
   return fmt == at::MemoryFormat::Contiguous ? gi : gi.contiguous(fmt);
 }
 
-Tensor max_pool3d_with_indices_backward(const Tensor& grad_output, const Tensor& self,
-                                        IntArrayRef kernel_size, IntArrayRef stride,
-                                        IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
-                                        const Tensor& indices) {
+// fixed-point variants (index_scatter section)
+Tensor max_pool3d_with_indices_backward_fixed(const Tensor& grad_output, const Tensor& self,
+                                              IntArrayRef kernel_size, IntArrayRef stride,
+                                              IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
+                                              const Tensor& indices) {
   int64_t hits = 1;
   for (size_t a = 0; a < 3; ++a) {
     const int64_t k = pick(kernel_size, a, 1);
@@ -170,17 +176,66 @@ Tensor max_pool3d_with_indices_backward(const Tensor& grad_output, const Tensor&
   return index_scatter_bw(grad_output, self, indices, 3, hits);
 }
 
+Tensor fractional_max_pool2d_backward_fixed(const Tensor& grad_output, const Tensor& self,
+                                            IntArrayRef kernel_size, IntArrayRef output_size,
+                                            const Tensor& indices) {
+  // at most k + 1 windows per axis cover one element (see argmax_gather)
+  return index_scatter_bw(grad_output, self, indices, 2,
+                          (pick(kernel_size, 0, 1) + 1) * (pick(kernel_size, 1, 1) + 1));
+}
+
+Tensor fractional_max_pool3d_backward_fixed(const Tensor& grad_output, const Tensor& self,
+                                            IntArrayRef kernel_size, IntArrayRef output_size,
+                                            const Tensor& indices) {
+  return index_scatter_bw(grad_output, self, indices, 3,
+                          (pick(kernel_size, 0, 1) + 1) * (pick(kernel_size, 1, 1) + 1) *
+                              (pick(kernel_size, 2, 1) + 1));
+}
+
+// gather variants (argmax_gather section): the ones registered
+static Tensor argmax_gather_bw(const Tensor& grad_output, const Tensor& self, const Tensor& indices,
+                               int64_t spatial, bool from_target, const int64_t* k, const int64_t* s,
+                               const int64_t* p, const int64_t* d) {
+  int64_t in_size[3], out_size[3];
+  for (int64_t a = 0; a < spatial; ++a) {
+    in_size[a] = self.size(self.dim() - spatial + a);
+    out_size[a] = grad_output.size(grad_output.dim() - spatial + a);
+  }
+  Tensor gi = at::empty(self.sizes(), self.options());
+  const Tensor go = grad_output.contiguous();
+  const Tensor ind = indices.contiguous();
+  TORCH_CHECK(detbw17_argmax_gather_backward(gi, go, ind, spatial, in_size, out_size, from_target, k, s, p, d),
+              "argmax gather: sizes beyond the 32-bit path");
+  const auto fmt = fmt_of(self);
+  return fmt == at::MemoryFormat::Contiguous ? gi : gi.contiguous(fmt);
+}
+
+Tensor max_pool3d_with_indices_backward(const Tensor& grad_output, const Tensor& self,
+                                        IntArrayRef kernel_size, IntArrayRef stride,
+                                        IntArrayRef padding, IntArrayRef dilation, bool ceil_mode,
+                                        const Tensor& indices) {
+  int64_t k[3], s[3], p[3], d[3];
+  for (size_t a = 0; a < 3; ++a) {
+    k[a] = pick(kernel_size, a, 1);
+    s[a] = pick(stride, a, k[a]);
+    p[a] = pick(padding, a, 0);
+    d[a] = pick(dilation, a, 1);
+  }
+  return argmax_gather_bw(grad_output, self, indices, 3, true, k, s, p, d);
+}
+
 Tensor fractional_max_pool2d_backward(const Tensor& grad_output, const Tensor& self,
                                       IntArrayRef kernel_size, IntArrayRef output_size,
                                       const Tensor& indices) {
-  return index_scatter_bw(grad_output, self, indices, 2, pick(kernel_size, 0, 1) * pick(kernel_size, 1, 1));
+  const int64_t k[2] = {pick(kernel_size, 0, 1), pick(kernel_size, 1, 1)};
+  return argmax_gather_bw(grad_output, self, indices, 2, false, k, nullptr, nullptr, nullptr);
 }
 
 Tensor fractional_max_pool3d_backward(const Tensor& grad_output, const Tensor& self,
                                       IntArrayRef kernel_size, IntArrayRef output_size,
                                       const Tensor& indices) {
-  return index_scatter_bw(grad_output, self, indices, 3,
-                          pick(kernel_size, 0, 1) * pick(kernel_size, 1, 1) * pick(kernel_size, 2, 1));
+  const int64_t k[3] = {pick(kernel_size, 0, 1), pick(kernel_size, 1, 1), pick(kernel_size, 2, 1)};
+  return argmax_gather_bw(grad_output, self, indices, 3, false, k, nullptr, nullptr, nullptr);
 }
 
 // --- max_unpool ---------------------------------------------------------------------
@@ -289,6 +344,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_pool3d_with_indices_backward", &max_pool3d_with_indices_backward);
   m.def("fractional_max_pool2d_backward", &fractional_max_pool2d_backward);
   m.def("fractional_max_pool3d_backward", &fractional_max_pool3d_backward);
+  m.def("max_pool3d_with_indices_backward_fixed", &max_pool3d_with_indices_backward_fixed);
+  m.def("fractional_max_pool2d_backward_fixed", &fractional_max_pool2d_backward_fixed);
+  m.def("fractional_max_pool3d_backward_fixed", &fractional_max_pool3d_backward_fixed);
   m.def("max_unpool2d", &max_unpool2d);
   m.def("max_unpool3d", &max_unpool3d);
   m.def("adaptive_max_pool2d_backward", &adaptive_max_pool2d_backward);

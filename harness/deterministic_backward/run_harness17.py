@@ -155,7 +155,8 @@ def c_maxpool3d(shape, k, s, p, dt, contention=0, cl=False, seed=9):
     y, idx = F.max_pool3d(x, k, s, p, return_indices=True)
     go = randn(tuple(y.shape), dt, seed + 1, cl)
     args = [go, x, [k] * 3, [s] * 3, [p] * 3, [1] * 3, False, idx]
-    return mk(A.max_pool3d_with_indices_backward, ext.max_pool3d_with_indices_backward, args)
+    return mk(A.max_pool3d_with_indices_backward, ext.max_pool3d_with_indices_backward, args) + (
+        lambda: ext.max_pool3d_with_indices_backward_fixed(*args),)
 
 
 def c_frac(shape, k, out, dt, contention=0, seed=11):
@@ -166,7 +167,8 @@ def c_frac(shape, k, out, dt, contention=0, seed=11):
     y, idx = fn(x, k, output_size=out, return_indices=True, _random_samples=samples)
     go = randn(tuple(y.shape), dt, seed + 1)
     name = "fractional_max_pool%dd_backward" % nsp
-    return mk(getattr(A, name), getattr(ext, name), [go, x, [k] * nsp, list(out), idx])
+    args = [go, x, [k] * nsp, list(out), idx]
+    return mk(getattr(A, name), getattr(ext, name), args) + (lambda: getattr(ext, name + "_fixed")(*args),)
 
 
 CASES = [
@@ -212,7 +214,7 @@ CASES = [
     ("max_pool3d", "2x16x16^3 k5 s1 p2, peaks (up to 125 outputs share one argmax)", "contention", lambda dt: c_maxpool3d((2, 16, 16, 16, 16), 5, 1, 2, dt, contention=997)),
     ("fractional_max_pool2d", "16x64x64x64 k3 -> 40x40", "realistic", lambda dt: c_frac((16, 64, 64, 64), 3, (40, 40), dt)),
     ("fractional_max_pool2d", "2x16x16x16 k2 -> 10x10", "small", lambda dt: c_frac((2, 16, 16, 16), 2, (10, 10), dt)),
-    ("fractional_max_pool2d", "16x64x32x32 k5 -> 30x30, peaks", "contention", lambda dt: c_frac((16, 64, 32, 32), 5, (30, 30), dt, contention=211)),
+    ("fractional_max_pool2d", "16x64x32x32 k3 -> 30x30, peaks (up to 16 outputs share one argmax)", "contention", lambda dt: c_frac((16, 64, 32, 32), 3, (30, 30), dt, contention=211)),
     ("fractional_max_pool3d", "4x32x24^3 k2 -> 16^3", "realistic", lambda dt: c_frac((4, 32, 24, 24, 24), 2, (16, 16, 16), dt)),
 ]
 DTYPES_BY_KIND = {"realistic": ("fp32", "fp16", "bf16"), "small": ("fp32", "fp64"), "contention": ("fp32", "fp16")}
@@ -223,7 +225,8 @@ def max_err(a, ref):
 
 
 def run_case(op, name, kind, builder, dt):
-    torch_fn, ours_fn, ref_fn = builder(dt)
+    fns = builder(dt)
+    torch_fn, ours_fn, ref_fn = fns[:3]
     rec = {"op": op, "name": name, "kind": kind, "dtype": dt, "repeats": REPEATS}
     first = ours_fn().clone()
     rec["bitwise_equal_repeats"] = sum(1 for _ in range(REPEATS) if beq(ours_fn(), first))
@@ -242,6 +245,13 @@ def run_case(op, name, kind, builder, dt):
     t_torch = median_ms(torch_fn)
     t_ours = median_ms(ours_fn)
     rec["timing"] = {"torch_atomic_ms": t_torch, "ours_ms": t_ours, "ratio": t_ours / t_torch}
+    if len(fns) == 4:  # the fixed-point (integer atomic) variant of the same op
+        alt = fns[3]
+        afirst = alt().clone()
+        t_alt = median_ms(alt)
+        rec["fixed_point_variant"] = {
+            "bitwise_equal_repeats": sum(1 for _ in range(REPEATS) if beq(alt(), afirst)),
+            "max_abs_err_vs_fp64": max_err(afirst, ref), "ours_ms": t_alt, "ratio": t_alt / t_torch}
     return rec
 
 
@@ -302,6 +312,10 @@ def gradchecks():
     gc("max_pool3d k3 s2 p1", lambda t: F.max_pool3d(t, 3, 2, 1),
        lambda go, t: ext.max_pool3d_with_indices_backward(go, t, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False,
                                                           F.max_pool3d(t, 3, 2, 1, return_indices=True)[1]), x)
+    x = torch.randn(1, 2, 6, 7, 5, **d)
+    gc("max_pool3d k3 s2 p1 (fixed-point variant)", lambda t: F.max_pool3d(t, 3, 2, 1),
+       lambda go, t: ext.max_pool3d_with_indices_backward_fixed(go, t, [3] * 3, [2] * 3, [1] * 3, [1] * 3, False,
+                                                                F.max_pool3d(t, 3, 2, 1, return_indices=True)[1]), x)
     samples2 = torch.rand(1, 2, 2, **d)
     x = torch.randn(1, 2, 9, 8, **d)
     gc("fractional_max_pool2d k2 ->5x4", lambda t: F.fractional_max_pool2d(t, 2, output_size=(5, 4), _random_samples=samples2),
@@ -445,7 +459,7 @@ class STN(nn.Module):
         super().__init__()
         self.loc = nn.Sequential(nn.Conv2d(1, 8, 7), nn.MaxPool2d(2), nn.ReLU(), nn.Conv2d(8, 10, 5),
                                  nn.MaxPool2d(2), nn.ReLU())
-        self.fc_loc = nn.Sequential(nn.Linear(10 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 6))
+        self.fc_loc = nn.Sequential(nn.Linear(10 * 3 * 3, 32), nn.ReLU(), nn.Linear(32, 6))
         nn.init.zeros_(self.fc_loc[2].weight)
         self.fc_loc[2].bias.data.copy_(torch.tensor([1, 0, 0, 0, 1, 0], dtype=torch.float))
         self.cls = nn.Sequential(nn.Conv2d(1, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 5), nn.ReLU(),
@@ -597,6 +611,10 @@ def ops_part(result, out_dir, fname, t0):
             cases.append(rec)
             json.dump(result, open(os.path.join(out_dir, fname), "w"), indent=1)
             tm = rec.get("timing", {})
+            if "fixed_point_variant" in rec:
+                fp = rec["fixed_point_variant"]
+                print("   fixed-point variant: bw %s/%s err %.3g t %.4f ms r %.2f" % (
+                    fp["bitwise_equal_repeats"], REPEATS, fp["max_abs_err_vs_fp64"], fp["ours_ms"], fp["ratio"]))
             print("%-22s %-52s %-4s bw %s/%s torch_diff %s err %.3g/%.3g t %.4f/%.4f ms r %.2f" % (
                 op, name[:52], dt, rec.get("bitwise_equal_repeats"), REPEATS, rec.get("torch_differing_repeats"),
                 rec.get("max_abs_err_vs_fp64_ours", -1), rec.get("max_abs_err_vs_fp64_torch", -1),

@@ -118,19 +118,36 @@ def t_maxpool():
         _, g, gi = grad_of(lambda t: F.max_pool3d(t, k, s, p, d), x)
         check("max_pool3d k%d s%d p%d d%d" % (k, s, p, d),
               ext.max_pool3d_with_indices_backward(g, x, [k], [s], [p], [d], False, idx), gi)
+        check("max_pool3d k%d s%d p%d d%d fixed" % (k, s, p, d),
+              ext.max_pool3d_with_indices_backward_fixed(g, x, [k], [s], [p], [d], False, idx), gi)
     x = torch.randn(2, 3, 17, 19, device=dev)
     samples = torch.rand(2, 3, 2, device=dev)
     y, idx = F.fractional_max_pool2d(x, 3, output_size=(9, 11), return_indices=True, _random_samples=samples)
     _, g, gi = grad_of(lambda t: F.fractional_max_pool2d(t, 3, output_size=(9, 11), _random_samples=samples), x)
     check("fractional_max_pool2d", ext.fractional_max_pool2d_backward(g, x, [3, 3], [9, 11], idx), gi)
+    check("fractional_max_pool2d fixed", ext.fractional_max_pool2d_backward_fixed(g, x, [3, 3], [9, 11], idx), gi)
     x = torch.randn(2, 3, 9, 10, 11, device=dev)
     samples = torch.rand(2, 3, 3, device=dev)
     y, idx = F.fractional_max_pool3d(x, 2, output_size=(5, 6, 7), return_indices=True, _random_samples=samples)
     _, g, gi = grad_of(lambda t: F.fractional_max_pool3d(t, 2, output_size=(5, 6, 7), _random_samples=samples), x)
     check("fractional_max_pool3d", ext.fractional_max_pool3d_backward(g, x, [2, 2, 2], [5, 6, 7], idx), gi)
+    check("fractional_max_pool3d fixed", ext.fractional_max_pool3d_backward_fixed(g, x, [2, 2, 2], [5, 6, 7], idx), gi)
+    # peaks: many windows share one argmax
+    x = torch.randn(2, 3, 17, 19, device=dev)
+    x.view(-1)[::37] += 100
+    samples = torch.rand(2, 3, 2, device=dev)
+    y, idx = F.fractional_max_pool2d(x, 3, output_size=(15, 17), return_indices=True, _random_samples=samples)
+    _, g, gi = grad_of(lambda t: F.fractional_max_pool2d(t, 3, output_size=(15, 17), _random_samples=samples), x)
+    check("fractional_max_pool2d peaks", ext.fractional_max_pool2d_backward(g, x, [3, 3], [15, 17], idx), gi)
+    x = torch.randn(2, 3, 9, 10, 11, device=dev)
+    x.view(-1)[::53] += 100
+    y, idx = F.max_pool3d(x, 5, 1, 2, return_indices=True)
+    _, g, gi = grad_of(lambda t: F.max_pool3d(t, 5, 1, 2), x)
+    check("max_pool3d k5 s1 peaks", ext.max_pool3d_with_indices_backward(g, x, [5], [1], [2], [1], False, idx), gi)
 
 
 def t_unpool():
+    torch.set_num_threads(1)  # the CPU rule: one thread, last writer wins
     x = torch.randn(2, 3, 8, 10, device=dev)
     y, idx = F.max_pool2d(x, 3, 2, 1, return_indices=True)  # overlapping: duplicate indices
     out = ext.max_unpool2d(y, idx, [8, 10])
