@@ -523,7 +523,7 @@ def _check_diff_structure(diff: str, fail: Callable[..., PatchFormatError]) -> s
             seen_hunk = True
         elif line == "GIT binary patch" or line.startswith("Binary files "):
             continue  # refused with the other changes no source patch makes (_refuse_hostile_sections)
-        elif line == "-- " and seen_hunk:
+        elif line == "-- ":
             return "".join(lines[:index])  # the format-patch signature
         elif line[:1] in (" ", "+", "-") and seen_hunk and not line.startswith(("--- ", "+++ ")):
             raise fail(f"{current}: hunk '{header}' has more lines than its header declares "

@@ -142,6 +142,32 @@ def test_every_catalog_patch_is_valid():
     assert "PT-0901" in one13.ids
 
 
+def test_every_catalog_patch_names_upstream_tests(patcher_cli):
+    """Issue 21's acceptance: `patcher patches list --json` shows Upstream-Tests for every patch."""
+    result = patcher_cli("patches", "list", "--json")
+    assert result.exit_code == 0, result.stderr
+    listed = json.loads(result.stdout)
+    assert {s["version"] for s in listed} >= {"1.4.0", "1.13.1"}
+    for series in listed:
+        for patch in series["patches"]:
+            assert patch["trailers"].get("Upstream-Tests"), (series["version"], patch["id"])
+            assert patch["upstream_tests"], (series["version"], patch["id"])
+
+
+def test_upstream_tests_grammar():
+    tests = patches.parse_upstream_tests('test_nn.py -k "CTCLoss or ctc_loss", '
+                                         'test_jit.py::TestScript::test_calls_in_type_annotations')
+    assert [str(t) for t in tests] == ['test_nn.py -k "CTCLoss or ctc_loss"',
+                                       "test_jit.py::TestScript::test_calls_in_type_annotations"]
+    assert tests[1].node_id == "test_jit.py::TestScript::test_calls_in_type_annotations"
+    for bad, why in [("", "empty"), ("test_nn.py", "a whole file is not a selection"),
+                     ('test_nn.py -k "a or"', "a name is missing"), ('test_nn.py -k "(a"', "unbalanced"),
+                     ('test_nn.py -k "a; b"', "unexpected ';'"), ("../x.py::T", "not a .py file relative"),
+                     ("test/test_nn.py::T", "not a .py file relative"), ("x.py::T::t;rm", "not a test or class name")]:
+        with pytest.raises(ValueError, match=why):
+            patches.parse_upstream_tests(bad)
+
+
 def test_every_patch_names_probe_ids_that_exist():
     import patcher.probe
 
@@ -164,11 +190,14 @@ def test_list_and_show_commands(tmp_path, patcher_cli):
     assert listed.exit_code == 0, listed.stderr
     (series,) = json.loads(listed.stdout)
     assert [p["id"] for p in series["patches"]] == ["PT-0001", "PT-0002"]
+    assert series["patches"][0]["trailers"]["Upstream-Tests"] == "test_notes.py::TestNotes::test_fox"
+    assert series["patches"][0]["upstream_tests"] == ["test_notes.py::TestNotes::test_fox"]
     table = patcher_cli("--catalog", catalog, "patches", "list", "--torch", "1.13.1")
     assert "PT-0002" in table.stdout and "notes: make the fox red" in table.stdout
     shown = patcher_cli("--catalog", catalog, "patches", "show", "PT-0002")
     assert shown.exit_code == 0
     assert "Category: bugfix" in shown.stdout and "files:   notes.txt" in shown.stdout
+    assert "upstream tests (relative to the tree's test/):\n  test_notes.py::TestNotes::test_fox\n" in shown.stdout
     assert "@@ -28,7 +28,8 @@" in shown.stdout
     missing = patcher_cli("--catalog", catalog, "patches", "show", "PT-0999")
     assert missing.exit_code == PatchNotFoundError.exit_code

@@ -70,8 +70,9 @@ def list_cmd(torch, as_json):
         echo_json([s.to_json() for s in series])
         return
     rows = [{"torch": s.version, "id": p.id, "category": p.category, "probes": ",".join(p.probes),
-             "file": p.file, "subject": p.subject} for s in series for p in s.patches]
-    click.echo(table(rows, ["torch", "id", "category", "probes", "file", "subject"]))
+             "upstream tests": str(len(p.upstream_tests)), "file": p.file, "subject": p.subject}
+            for s in series for p in s.patches]
+    click.echo(table(rows, ["torch", "id", "category", "probes", "upstream tests", "file", "subject"]))
 
 
 @patches_group.command("show")
@@ -93,6 +94,9 @@ def show_cmd(patch_id, torch, as_json):
         click.echo(f"sha256:  {patch.sha256}")
         for key, value in patch.trailers.items():
             click.echo(f"{key}: {value}")
+        click.echo("upstream tests (relative to the tree's test/):")
+        for selection in patch.upstream_tests:
+            click.echo(f"  {selection}")
         click.echo("files:   " + ", ".join(patch.files))
         click.echo("")
         click.echo(patch.text, nl=False)
