@@ -227,7 +227,7 @@ class KeyMismatchError(SignatureError):
 class ImageScanError(PatcherError):
     """The SBOM's scan of the builder image (what the wheel's libraries are) could not run."""
 
-    exit_code = 67
+    exit_code = 69   # 67 is VexMismatchError
 
 
 class ReportRenderError(PatcherError):
