@@ -156,6 +156,10 @@ class Server(object):
             self.entries[event["id"]] = event["entry"]
             group["done"].add(event["id"])
             group["running"] = None
+        elif kind == "refuse":
+            for check_id in event.get("ids", ()):
+                self.pending.discard(check_id)
+                group["done"].add(check_id)
         elif kind == "exit":
             self._exited(group, event)
 
@@ -374,6 +378,13 @@ def _fork_worker(torch, request, protocol, workers):
     return _Worker(pid, read_fd, err_read, request)
 
 
+def _cuda_unusable_after_fork(torch):
+    try:
+        return bool(torch.cuda._is_in_bad_fork())
+    except Exception:  # a torch without the function: it predates the check, trust the fork
+        return False
+
+
 def _run_group(torch, request, fd):
     """In the worker: run the group's checks one after the other, reporting each."""
     try:
@@ -387,6 +398,11 @@ def _run_group(torch, request, fd):
             data = data[os.write(fd, data):]
 
     ctx = framework.Context(torch, request["patched_ids"], has_cuda=request["has_cuda"])
+    if ctx.has_cuda and _cuda_unusable_after_fork(torch):
+        # some torch touched CUDA while importing: a forked process cannot use it, so the
+        # probe runs these checks itself, the way without workers
+        send({"event": "refuse", "ids": request["checks"]})
+        return 0
     started, budget = request["started"], request["budget"]
     for check_id in request["checks"]:
         spec = framework.get(check_id)
