@@ -45,6 +45,7 @@ from patcher.errors import (
 from patcher.keys import keyid_of, load_private_key, load_public_key
 from patcher.record import BuildRecord, load_record
 from patcher.spec import BuildSpec
+from patcher.util import sha256_file
 from patcher.vex import VEX_SUFFIX
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -66,14 +67,6 @@ _CHUNK = 1 << 20
 
 # --------------------------------------------------------------------------------------------
 # small helpers
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def canonical_json(data: Any) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 

@@ -9,9 +9,7 @@ lock leaves the matrix as it was.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import requests
 from patcher.config import Settings
 from patcher.errors import ConfigError, OutputWriteError, RegistryError
 from patcher.spec import load_matrix
+from patcher.util import write_atomic
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
@@ -168,22 +167,12 @@ def set_digest(text: str, name: str, digest: str) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
+    """Rewrite the matrix file in place, keeping its permissions."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        write_atomic(path, text, mode=path.stat().st_mode & 0o7777)
     except OSError as exc:
         raise OutputWriteError(f"cannot write {path}: {exc.strerror or exc}",
                                hint="the matrix file's directory must be writable") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise OutputWriteError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def lock(settings: Settings, images: list[str] | None = None, registry: str | None = None,

@@ -82,6 +82,7 @@ from patcher.source import (
     run_git,
 )
 from patcher.spec import BuildSpec, is_known
+from patcher.util import sha256_file, write_atomic
 
 MANIFEST_NAME = "mirror-manifest.json"
 BUNDLE_MANIFEST_NAME = "BUNDLE-MANIFEST.json"
@@ -541,14 +542,6 @@ def _read_text(location: str, what: str) -> str:
         return fh.read().decode("utf-8", "replace")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def download(location: str, dest: Path, sha256: str, what: str) -> int:
     """Download into ``dest`` through ``dest.part``: resumed where a previous run stopped,
     checked against ``sha256``, then renamed.  Returns the bytes transferred by this call."""
@@ -585,15 +578,7 @@ def download(location: str, dest: Path, sha256: str, what: str) -> int:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PART_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data)
 
 
 # ----------------------------------------------------------------------------------------------
