@@ -467,6 +467,77 @@ def _read_required(container, path: str) -> bytes:
     return data
 
 
+# --- pieces of the check ------------------------------------------------------------------------
+def header_units(units: list[TranslationUnit], others: list[dict[str, str]],
+              entries: dict[str, dict[str, Any]], tree: Path, tree_paths: list[str]) -> list[TranslationUnit]:
+    """For each touched header, one C/C++ unit of this build that includes it directly.
+
+    A unit the series touches is preferred (it is compiled anyway), then the header's own
+    source (same directory and name), then the first including unit by path that
+    compile_commands.json builds.
+    """
+    headers = [o for o in others if o["reason"] == "header"]
+    if not headers:
+        return []
+    sources: dict[str, str] = {}
+    for path in tree_paths:
+        if path.endswith(TU_SUFFIXES) and not path.endswith(CUDA_SUFFIXES) and path in entries:
+            try:
+                sources[path] = (tree / path).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+    compiled = {u.path for u in units}
+    extra: list[TranslationUnit] = []
+    for other in headers:
+        includers = direct_includers(other["path"], sources)
+        stem = posixpath.splitext(other["path"])[0]
+        chosen = (next((p for p in includers if p in compiled), None)
+                  or next((p for p in includers if posixpath.splitext(p)[0] == stem), None)
+                  or next(iter(includers), None))
+        if chosen is None:
+            other["reason"] = "header: no unit of this configuration includes it directly"
+            continue
+        other["reason"] = f"header: compiled through {chosen}"
+        if chosen not in compiled:
+            compiled.add(chosen)
+            extra.append(TranslationUnit(chosen, tuple(other["patches"].split(",")), via=other["path"]))
+    return extra
+
+
+def tree_relative(entry: dict[str, Any]) -> str:
+    file = entry["file"]
+    return file[len(CONTAINER_SRC) + 1:] if file.startswith(CONTAINER_SRC + "/") else file
+
+
+def reference_entry(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A torch_cpu unit of ATen: its include paths and definitions are those of torch_cuda's."""
+    for path in sorted(entries):
+        out = entry_output(entries[path]) or ""
+        if path.startswith("aten/src/ATen/native/") and "torch_cpu.dir" in out:
+            return entries[path]
+    raise CompileCheckSetupError("compile_commands.json has no torch_cpu unit of aten/src/ATen/native to "
+                                 "derive the CUDA flags from", hint="is this a PyTorch tree?")
+
+
+def write_cuda_headers(container, tree: Path, gencode: list[str]) -> None:
+    values = {"AT_CUDNN_ENABLED": "0", "AT_ROCM_ENABLED": "0", "AT_MAGMA_ENABLED": "0",
+              "NVCC_FLAGS_EXTRA": " ".join(gencode)}
+    files: dict[str, bytes] = {}
+    for template, dest in CUDA_CONFIGURED_HEADERS.items():
+        path = tree / template
+        if not path.is_file():
+            raise CompileCheckSetupError(f"{template} is missing from the tree: cannot configure the CUDA headers")
+        files[dest] = configure_file(path.read_text(encoding="utf-8"), values,
+                                     {"C10_CUDA_BUILD_SHARED_LIBS"}).encode()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for dest, data in files.items():
+            info = tarfile.TarInfo(dest)
+            info.size, info.uid, info.gid, info.mode = len(data), 1000, 1000, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    container.put_archive(BUILD_DIR, buf.getvalue())
+
+
 class CompileCheck:
     def __init__(self, settings: Settings, options: CompileCheckOptions,
                  on_log: Callable[[str], None] | None = None):
@@ -639,7 +710,7 @@ class CompileCheck:
         gencode: list[str] = []
         dropped: list[str] = []
         if any(u.is_cuda for u in units):
-            reference = self._reference_entry(entries)
+            reference = reference_entry(entries)
             debian = DEBIAN_CUDA[spec.image.codename]
             gencode, dropped = gencode_flags(cuda_spec.arch_list or "", debian["max_compute"])
             if dropped:
@@ -649,15 +720,15 @@ class CompileCheck:
                 raise CompileCheckSetupError(f"no entry of the arch list {cuda_spec.arch_list!r} can be compiled "
                                              f"by nvcc {debian['nvcc']}", hint="give --arch with older entries")
             compilers["nvcc"] = self._version(container, ["bash", "-c", "nvcc --version | grep -i release"])
-            self._write_cuda_headers(container, tree, gencode)
+            write_cuda_headers(container, tree, gencode)
         host = f"g++-{spec.gcc}"
-        units = units + self._header_units(units, others, entries, tree, tree_paths)
+        units = units + header_units(units, others, entries, tree, tree_paths)
         order_only: list[str] = []
         for unit in units:
             if unit.is_cuda:
                 obj = f"{BUILD_DIR}/compile-check-cuda/{unit.path}.o"
                 argv = nvcc_command(unit.path, reference, gencode, host, cuda_spec.nvcc_flags, obj)
-                plans.append((unit, argv, BUILD_DIR, f"derived from {self._rel(reference)}"))
+                plans.append((unit, argv, BUILD_DIR, f"derived from {tree_relative(reference)}"))
                 order_only += self._prerequisites(container, entry_output(reference))
                 continue
             entry = entries.get(unit.path)
@@ -708,56 +779,6 @@ class CompileCheck:
             not_compiled=tuple(others), durations=dict(self.durations), estimate=estimate, notes=tuple(self.notes))
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _header_units(self, units: list[TranslationUnit], others: list[dict[str, str]],
-                      entries: dict[str, dict[str, Any]], tree: Path, tree_paths: list[str]) -> list[TranslationUnit]:
-        """For each touched header, one C/C++ unit of this build that includes it directly.
-
-        A unit the series touches is preferred (it is compiled anyway), then the header's own
-        source (same directory and name), then the first including unit by path that
-        compile_commands.json builds.
-        """
-        headers = [o for o in others if o["reason"] == "header"]
-        if not headers:
-            return []
-        sources: dict[str, str] = {}
-        for path in tree_paths:
-            if path.endswith(TU_SUFFIXES) and not path.endswith(CUDA_SUFFIXES) and path in entries:
-                try:
-                    sources[path] = (tree / path).read_text(encoding="utf-8", errors="replace")
-                except OSError:
-                    continue
-        compiled = {u.path for u in units}
-        extra: list[TranslationUnit] = []
-        for other in headers:
-            includers = direct_includers(other["path"], sources)
-            stem = posixpath.splitext(other["path"])[0]
-            chosen = (next((p for p in includers if p in compiled), None)
-                      or next((p for p in includers if posixpath.splitext(p)[0] == stem), None)
-                      or next(iter(includers), None))
-            if chosen is None:
-                other["reason"] = "header: no unit of this configuration includes it directly"
-                continue
-            other["reason"] = f"header: compiled through {chosen}"
-            if chosen not in compiled:
-                compiled.add(chosen)
-                extra.append(TranslationUnit(chosen, tuple(other["patches"].split(",")), via=other["path"]))
-        return extra
-
-    @staticmethod
-    def _rel(entry: dict[str, Any]) -> str:
-        file = entry["file"]
-        return file[len(CONTAINER_SRC) + 1:] if file.startswith(CONTAINER_SRC + "/") else file
-
-    @staticmethod
-    def _reference_entry(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """A torch_cpu unit of ATen: its include paths and definitions are those of torch_cuda's."""
-        for path in sorted(entries):
-            out = entry_output(entries[path]) or ""
-            if path.startswith("aten/src/ATen/native/") and "torch_cpu.dir" in out:
-                return entries[path]
-        raise CompileCheckSetupError("compile_commands.json has no torch_cpu unit of aten/src/ATen/native to "
-                                     "derive the CUDA flags from", hint="is this a PyTorch tree?")
-
     def _prerequisites(self, container, output: str | None) -> list[str]:
         if not output:
             return []
@@ -775,23 +796,6 @@ class CompileCheck:
         code, text, _ = self._exec(container, argv)
         return text.strip().splitlines()[-1].strip() if code == 0 and text.strip() else "unknown"
 
-    def _write_cuda_headers(self, container, tree: Path, gencode: list[str]) -> None:
-        values = {"AT_CUDNN_ENABLED": "0", "AT_ROCM_ENABLED": "0", "AT_MAGMA_ENABLED": "0",
-                  "NVCC_FLAGS_EXTRA": " ".join(gencode)}
-        files: dict[str, bytes] = {}
-        for template, dest in CUDA_CONFIGURED_HEADERS.items():
-            path = tree / template
-            if not path.is_file():
-                raise CompileCheckSetupError(f"{template} is missing from the tree: cannot configure the CUDA headers")
-            files[dest] = configure_file(path.read_text(encoding="utf-8"), values,
-                                         {"C10_CUDA_BUILD_SHARED_LIBS"}).encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for dest, data in files.items():
-                info = tarfile.TarInfo(dest)
-                info.size, info.uid, info.gid, info.mode = len(data), 1000, 1000, 0o644
-                tar.addfile(info, io.BytesIO(data))
-        container.put_archive(BUILD_DIR, buf.getvalue())
 
 
 def check_compile(settings: Settings, options: CompileCheckOptions,
