@@ -38,6 +38,7 @@ SERIES_UNITS = {
     "torch/csrc/jit/serialization/export.cpp": "c++",
     "torch/csrc/jit/serialization/onnx.cpp": "c++",
     "torch/csrc/jit/passes/onnx/shape_type_inference.cpp": "c++",
+    "torch/csrc/jit/python/pybind_utils.cpp": "c++",  # PT-0108
 }
 # PT-0903 and PT-0905 touch only a header each; the check compiles a unit that includes it.
 HEADER_UNITS = {
@@ -369,7 +370,7 @@ def test_a_missing_builder_image_is_a_setup_error(patcher_cli, tmp_path, realtre
 
 
 @pytest.mark.docker
-def test_a_superseded_cuda_image_of_the_same_build_is_removed(docker_client, bullseye_base_image):
+def test_a_superseded_cuda_image_of_the_same_build_is_removed(docker_client, docker_engine, bullseye_base_image):
     import uuid
 
     from tests.fixtures.docker_env import build_inline
@@ -382,7 +383,7 @@ def test_a_superseded_cuda_image_of_the_same_build_is_removed(docker_client, bul
             made.append(build_inline(docker_client, f"FROM {bullseye_base_image.tag}\n", tag,
                                      {cc.LABEL_CHECK: build_id, cc.LABEL_KEY: key}))
         rendered = cc.RenderedCudaImage(text="", key="new", tag="unused", labels={cc.LABEL_CHECK: build_id})
-        cc._remove_superseded(docker_client, rendered, keep=made[1])
+        cc._remove_superseded(docker_engine, rendered, keep=made[1])
         left = {i.labels[cc.LABEL_KEY] for i in docker_client.images.list(filters={"label": f"{cc.LABEL_CHECK}={build_id}"})}
         assert left == {"new"}
     finally:
