@@ -305,12 +305,26 @@ def stage_wheel(b: Build) -> tuple[WheelOutcome, str]:
         b.record = replace(b.record, reproducibility=twice.reproducibility, wheel=None)
         twice.raise_if_different()
         done = twice.stage
+        outcome = WheelOutcome(done.container_env, done.toolchain, done.wheel, twice.reproducibility)
         detail = f"reproducible: two builds gave sha256 {done.wheel.sha256[:16]}"
-        return WheelOutcome(done.container_env, done.toolchain, done.wheel, twice.reproducibility), detail
-    done = run_stage(b.engine, "wheel", what, b.ccache_volume, b.progress.log, b.workdir.log_path,
-                     collect_to=b.workdir.dist)
-    return (WheelOutcome(done.container_env, done.toolchain, done.wheel),
-            f"{done.wheel.name} sha256 {done.wheel.sha256[:16]}")
+    else:
+        done = run_stage(b.engine, "wheel", what, b.ccache_volume, b.progress.log, b.workdir.log_path,
+                         collect_to=b.workdir.dist)
+        outcome = WheelOutcome(done.container_env, done.toolchain, done.wheel)
+        detail = f"{done.wheel.name} sha256 {done.wheel.sha256[:16]}"
+    _scan_builder_image(b, b.dir / done.wheel.path)
+    return outcome, detail
+
+
+def _scan_builder_image(b: Build, wheel: Path) -> None:
+    """What the wheel's ELF files need, resolved to the builder image's packages: the SBOM's
+    library components (certify reads ``image-inventory.json``)."""
+    from patcher import sbom
+
+    inventory = sbom.gather_inventory(wheel, image=b.record.image_id, engine=b.engine)
+    sbom.save_inventory(inventory, b.dir)
+    b.progress.log(f"image scan: {len(inventory.scan['libraries'])} libraries of "
+                   f"{wheel.name} resolved in the builder image\n")
 
 
 def stage_probe(b: Build) -> tuple[ProbeOutcome, str]:

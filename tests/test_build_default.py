@@ -75,6 +75,13 @@ def test_readme_command_goes_to_a_verified_certified_wheel(standin, tmp_path, pa
     res = patcher_cli("verify", wheel, "--key", pub, env=env, cwd=tmp_path)
     assert res.exit_code == 0, res.stderr
 
+    # the SBOM names the libraries the wheel links, as packages of the builder image
+    from patcher.evidence import SBOM_SUFFIX
+
+    sbom = json.loads(wheel.with_name(wheel.name + SBOM_SUFFIX).read_text())
+    names = {c["name"] for c in sbom["components"]}
+    assert {"libc6", "libstdc++6"} <= names, sorted(names)
+
     # the same command again: everything is done, nothing is redone
     res = patcher_cli(*args, env=env, cwd=tmp_path)
     assert res.exit_code == 0, res.stderr
