@@ -227,7 +227,10 @@ __device__ __forceinline__ void det_pool_cover(
   *hi = b < out - 1 ? b : out - 1;
 }
 
-// --- the fixed-point primitive ------------------------------------------------
+// END det_common
+
+// BEGIN det_fixed_point
+// --- the fixed-point primitive (see the top of det_common) ------------------- ------------------------------------------------
 // State: one unsigned long long holding the bit pattern of M (as a double).
 // Zero it (det_fixed_point_begin), run det_fixed_point_prepare_kernel over the
 // contributions, then det_fixed_point_add / det_fixed_point_finish.
@@ -331,4 +334,4 @@ static inline int det_ceil_log2(int64_t h) {
   }
   return l;
 }
-// END det_common
+// END det_fixed_point
