@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -354,22 +355,67 @@ def tracked_files(tree: Path) -> list[tuple[int, str, str]]:
 
 
 def tree_hash(tree: Path) -> str:
-    """Deterministic hash of the checked-out tree (format in the module docstring)."""
-    tree = Path(tree)
+    """Deterministic hash of the checked-out tree (format in the module docstring).
+
+    Every file's bytes are read and hashed, each time: the hash says what is on disk, not
+    what git or an earlier fetch says should be.  The files are read by a few threads (file
+    reads and sha256 let go of the interpreter lock), which changes nothing in the result."""
+    root = str(tree)
+    entries = sorted(tracked_files(Path(root)), key=lambda e: e[2].encode("utf-8", "surrogateescape"))
+    ids = _content_ids(root, entries)
     digest = hashlib.sha256(TREE_HASH_VERSION)
-    for mode, oid, path in sorted(tracked_files(tree), key=lambda e: e[2].encode("utf-8", "surrogateescape")):
-        full = tree / path
-        if mode == 0o160000:  # a submodule that is not checked out: only its pinned commit is known
-            content_id = oid
-        else:
-            try:
-                content = (os.readlink(full).encode("utf-8", "surrogateescape") if mode == 0o120000
-                           else full.read_bytes())
-            except FileNotFoundError:
-                content = b"\0missing"  # deleted in the working tree: the hash then differs, as it must
-            content_id = hashlib.sha256(content).hexdigest()
+    for (mode, _oid, path), content_id in zip(entries, ids):
         digest.update(b"%o %s\0%s\n" % (mode, path.encode("utf-8", "surrogateescape"), content_id.encode()))
     return "sha256:" + digest.hexdigest()
+
+
+_HASH_THREADS = 4
+_READ = 1 << 20
+
+
+def _content_id(root: str, mode: int, oid: str, path: str) -> str:
+    if mode == 0o160000:  # a submodule that is not checked out: only its pinned commit is known
+        return oid
+    full = os.path.join(root, path)
+    try:
+        if mode == 0o120000:
+            return hashlib.sha256(os.readlink(full).encode("utf-8", "surrogateescape")).hexdigest()
+        fd = os.open(full, os.O_RDONLY)
+    except FileNotFoundError:
+        return hashlib.sha256(b"\0missing").hexdigest()  # deleted in the working tree: the hash differs
+    try:
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, _READ):
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _content_ids(root: str, entries: list[tuple[int, str, str]]) -> list[str]:
+    """The content id of each entry, in order (threads take contiguous slices)."""
+    ids: list[str] = [""] * len(entries)
+    errors: list[BaseException] = []
+
+    def work(start: int, stop: int) -> None:
+        try:
+            for i in range(start, stop):
+                mode, oid, path = entries[i]
+                ids[i] = _content_id(root, mode, oid, path)
+        except BaseException as exc:  # re-raised by the caller
+            errors.append(exc)
+
+    count = max(1, min(_HASH_THREADS, os.cpu_count() or 1, len(entries) // 256))
+    step = -(-len(entries) // count) if entries else 0
+    threads = [threading.Thread(target=work, args=(k * step, min(len(entries), (k + 1) * step)))
+               for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return ids
 
 
 # --- the stage -------------------------------------------------------------------------------
