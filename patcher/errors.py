@@ -191,6 +191,19 @@ class ProbeTimeoutError(ProbeRunError):
     exit_code = 55
 
 
+class UpstreamTestsSetupError(ProbeRunError):
+    """Upstream's tests could not be run: no test/ in the tree, the pinned test wheelhouse is
+    missing or does not match its hashes, the target has no pinned set for its Python."""
+
+    exit_code = 56
+
+
+class UpstreamTestsFailedError(ProbeFailedError):
+    """A selected upstream test failed on the wheel and not on the unpatched release."""
+
+    exit_code = 57
+
+
 # --- evidence and verification (6x) --------------------------------------------------------
 class SigningKeyError(PatcherError):
     """A signing key is missing, unreadable or of the wrong kind."""

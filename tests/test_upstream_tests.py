@@ -1,0 +1,313 @@
+"""patcher.upstream_tests without torch: the pinned wheelhouse, the in-target runner on real old
+interpreters (Python 3.6 from pyenv, and the host's) with a stand-in ``torch`` module and a small
+test tree whose tests pass, fail, skip, xfail, crash, hang and fail to import, the payload for
+containers, and the verdict logic (known failures, probe checks)."""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from patcher import patches
+from patcher import upstream_tests as ut
+from patcher.errors import UpstreamTestsFailedError, UpstreamTestsSetupError
+from tests.conftest import CI_CACHE
+
+PYTHON36 = Path.home() / ".pyenv" / "versions" / "3.6.15" / "bin" / "python"
+WHEELHOUSE = CI_CACHE / "upstream-tests-wheelhouse"
+
+
+def upstream_wheelhouse() -> Path:
+    """The pinned test wheelhouse, built once under the CI cache (pip download, hashes checked)."""
+    CI_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CI_CACHE / "upstream-tests-wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ut.build_wheelhouse(WHEELHOUSE)
+    return WHEELHOUSE
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> Path:
+    return upstream_wheelhouse()
+
+
+# A test tree with one test of every outcome. conftest-free, like 1.4's test/.
+DEMO_TESTS = {
+    "test_demo.py": '''\
+import os
+import signal
+import time
+import unittest
+
+import pytest
+import torch
+
+
+class TestDemo(unittest.TestCase):
+    def test_pass(self):
+        self.assertEqual(torch.__version__, "0.0.0+standin")
+
+    def test_fail(self):
+        self.assertEqual(1, 2, "one is not two")
+
+    @unittest.skip("needs CUDA")
+    def test_skip(self):
+        pass
+
+    @unittest.expectedFailure
+    def test_xfail(self):
+        self.assertTrue(False)
+
+    def test_uses_expecttest_and_hypothesis(self):
+        import expecttest  # noqa: F401
+        import hypothesis  # noqa: F401
+
+
+def test_crash():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_after_the_crash():
+    pass
+
+
+def test_hang():
+    time.sleep(60)
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup broke")
+
+
+def test_setup_error(broken):
+    pass
+''',
+    "test_broken_import.py": "import no_such_module_anywhere\n\ndef test_x():\n    pass\n",
+}
+STANDIN_TORCH = "__version__ = '0.0.0+standin'\n\n\nclass cuda:\n" \
+                "    @staticmethod\n    def is_available():\n        return False\n"
+
+
+@pytest.fixture
+def demo_tree(tmp_path) -> tuple[Path, Path]:
+    tree = tmp_path / "tree"
+    (tree / "test").mkdir(parents=True)
+    for name, text in DEMO_TESTS.items():
+        (tree / "test" / name).write_text(text)
+    fake = tmp_path / "standin-torch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    return tree, fake
+
+
+def demo_selections() -> tuple[ut.Selection, ...]:
+    tests = patches.parse_upstream_tests(
+        'test_demo.py -k "TestDemo", test_demo.py -k "crash", test_demo.py::test_hang, '
+        'test_demo.py::test_setup_error, test_demo.py -k "nothing_is_called_this", test_broken_import.py::test_x')
+    return ut.plan(None, smoke=False, extra=[("PT-0001", t) for t in tests])
+
+
+EXPECTED = {
+    "test_demo.py::TestDemo::test_pass": "passed",
+    "test_demo.py::TestDemo::test_fail": "failed",
+    "test_demo.py::TestDemo::test_skip": "skipped",
+    "test_demo.py::TestDemo::test_xfail": "xfailed",
+    "test_demo.py::TestDemo::test_uses_expecttest_and_hypothesis": "passed",
+    "test_demo.py::test_crash": "crashed",
+    "test_demo.py::test_hang": "timeout",
+    "test_demo.py::test_setup_error": "error",
+    "test_broken_import.py": "error",
+}
+
+
+@pytest.mark.parametrize("python", [str(PYTHON36), sys.executable], ids=["python3.6", "host-python"])
+def test_the_runner_reports_every_outcome(python, demo_tree, wheelhouse, tmp_path):
+    if python == str(PYTHON36):
+        assert PYTHON36.is_file(), f"{PYTHON36} is missing: this machine kind's image carries pyenv's 3.6.15"
+    tree, fake = demo_tree
+    report = ut.run_upstream_tests(tree, python, None, wheelhouse, selections=demo_selections(), timeout_s=10,
+                                   env={"PYTHONPATH": str(fake)})
+    assert report.error is None, report.error
+    assert report.torch_version == "0.0.0+standin"
+    assert report.python_version.startswith("3.6." if python == str(PYTHON36) else "3.")
+    assert report.outcomes() == EXPECTED
+    crash = next(n for n in report.nodes if n.node == "test_demo.py::test_crash")
+    assert crash.message == "killed by signal 11"
+    assert "one is not two" in next(n for n in report.nodes if n.node.endswith("test_fail")).message
+    assert next(n for n in report.nodes if n.node.endswith("test_skip")).message == "needs CUDA"
+    errors = {s.selection: s.error for s in report.selections if s.error}
+    assert errors == {'test_demo.py -k "nothing_is_called_this"': "selects no test in this tree",
+                      "test_demo.py::test_hang": "timed out after 10 s"}
+    # the pinned set for this Python was installed, each file with its pinned sha256
+    pins = {p.name: p for p in ut.read_requirements()}
+    installed = {canonicalize_name(f.split("-")[0]): digest for f, digest in report.wheels}
+    assert all(digest in pins[name].hashes for name, digest in installed.items())
+    assert ("importlib-metadata" in installed) == (python == str(PYTHON36))
+    assert not report.passed
+    with pytest.raises(UpstreamTestsFailedError):
+        report.raise_for_failures()
+    assert json.loads(json.dumps(report.to_json())) == report.to_json()
+    assert ut.UpstreamTestReport.from_json(report.to_json()) == report
+    # the tree itself stays as it was: the tests ran from a copy
+    assert sorted(p.name for p in (tree / "test").iterdir()) == sorted(DEMO_TESTS)
+
+
+def test_a_failure_the_unpatched_release_shares_is_known(demo_tree, wheelhouse):
+    tree, fake = demo_tree
+    tests = patches.parse_upstream_tests('test_demo.py -k "TestDemo"')
+    sel = ut.plan(None, smoke=False, extra=[("PT-0001", t) for t in tests])
+    env = {"PYTHONPATH": str(fake)}
+    report = ut.run_upstream_tests(tree, sys.executable, None, wheelhouse, selections=sel, env=env,
+                                   baseline_python=sys.executable)
+    (fail,) = [n for n in report.nodes if n.failing]
+    assert fail.known_failure and fail.baseline_outcome == "failed"
+    assert report.baseline["nodes_run"] == 1  # only the failing node ran again
+    assert report.passed and not report.failures and report.known_failures == (fail,)
+    (check,) = report.probe_checks()
+    assert check["id"] == "upstream.PT-0001" and check["status"] == "pass"
+    assert "1 known failure(s) of the unpatched release" in check["message"]
+    assert check["details"]["known_failures"][0]["node"] == "test_demo.py::TestDemo::test_fail"
+
+
+def test_verdicts_and_probe_report_merge():
+    def node(name, outcome, sel="s01"):
+        return ut.NodeResult(node=name, outcome=outcome, duration_s=0.1, selection=sel)
+
+    def selection(sid, patches_, error=None):
+        return ut.SelectionResult(id=sid, selection=f"t_{sid}.py -k \"x\"", patches=patches_, args=(), returncode=0,
+                                  duration_s=1.0, collected=1, error=error)
+
+    report = ut.UpstreamTestReport(
+        tree="/t", python="py", python_version="3.11.2", torch_version="1.13.1", torch_file=None, duration_s=3.0,
+        wheels=(), selections=(selection("s01", ("PT-0102",)), selection("s02", ("PT-0102", "PT-0201")),
+                               selection("s03", ("smoke",))),
+        nodes=(node("t.py::a", "passed"), node("t.py::b", "skipped", "s02"), node("t.py::c", "failed", "s03")))
+    unpatched = ut.UpstreamTestReport(
+        tree="/t", python="base", python_version="3.11.2", torch_version="1.13.1", torch_file=None, duration_s=1.0,
+        wheels=(), selections=(), nodes=(node("t.py::c", "passed", "b01"),))
+    assert not report.passed
+    merged = report.with_baseline(unpatched)
+    assert merged.failures[0].baseline_outcome == "passed" and not merged.failures[0].known_failure
+    checks = {c["id"]: c for c in merged.probe_checks()}
+    assert [c["status"] for c in checks.values()] == ["pass", "skip", "fail"]
+    assert checks["upstream.smoke"]["patches"] == [] and checks["upstream.PT-0201"]["patches"] == ["PT-0201"]
+    probe = {"schema": 1, "checks": [{"id": "env.fingerprint", "status": "pass", "required": True}],
+             "summary": {"pass": 1}, "passed": True}
+    combined = merged.merge_into(probe)
+    assert combined["passed"] is False and combined["summary"] == {"pass": 2, "fail": 1, "skip": 1, "error": 0}
+    assert combined["upstream_tests"]["schema"] == ut.SCHEMA and probe["passed"] is True
+    assert [str(s.test) for s in merged.baseline_selections()] == ["t.py::c"]
+
+
+def test_the_payload_runs_as_a_container_would(demo_tree, wheelhouse, tmp_path):
+    """container_payload + its shell script, run here with sh at the path a container would use."""
+    tree, fake = demo_tree
+    tests = patches.parse_upstream_tests('test_demo.py -k "test_pass or test_skip"')
+    sel = ut.plan(None, smoke=False, extra=[("PT-0001", t) for t in tests])
+    payload = ut.container_payload(tree, None, wheelhouse, tmp_path / "payload", selections=sel)
+    root = tmp_path / "in-container"
+    shutil.copytree(payload.root, root)  # as `docker cp` / put_archive would place it
+    script = payload.script("python3", str(root))
+    assert script.startswith("#!/bin/sh\n") and "exec 'python3'" in script
+    (root / "run.sh").write_text(script)
+    proc = subprocess.run(["sh", str(root / "run.sh")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(fake)})
+    assert proc.returncode == 0, proc.stderr
+    report = payload.read_result("python3 in a container", (root / "result.json").read_text())
+    assert report.outcomes() == {"test_demo.py::TestDemo::test_pass": "passed",
+                                 "test_demo.py::TestDemo::test_skip": "skipped"}
+    assert report.passed and report.python == "python3 in a container"
+
+
+def test_a_tampered_wheel_is_refused(demo_tree, wheelhouse, tmp_path):
+    tree, fake = demo_tree
+    house = tmp_path / "house"
+    shutil.copytree(wheelhouse, house)
+    victim = next(house.glob("pytest-*.whl"))
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    with pytest.raises(UpstreamTestsSetupError, match=rf"test dependency pytest==7.0.1 {victim.name} does not "
+                                                      r"have a pinned sha256"):
+        ut.resolve_wheels(house)
+    # and in the target: the runner checks every hash again before it unpacks anything
+    sel = ut.plan(None, smoke=False, extra=[("PT-0001", patches.parse_upstream_tests("test_demo.py::TestDemo")[0])])
+    payload = ut.prepare_payload(tree, sel, wheelhouse, tmp_path / "payload")
+    wheel = next((payload.root / "wheels").glob("attrs-*.whl"))
+    wheel.write_bytes(b"not the pinned file")
+    report = ut.run_payload(payload, sys.executable, env={"PYTHONPATH": str(fake)})
+    assert report.error.startswith(f"test dependency {wheel.name} has sha256 ") and not report.passed
+    assert not (payload.root / "site" / "pytest").exists()
+
+
+def test_no_test_directory_and_no_wheelhouse(tmp_path, wheelhouse):
+    with pytest.raises(UpstreamTestsSetupError, match="has no test/ directory"):
+        ut.prepare_payload(tmp_path, (), wheelhouse, tmp_path / "p")
+    with pytest.raises(UpstreamTestsSetupError, match="does not exist"):
+        ut.resolve_wheels(tmp_path / "nowhere")
+
+
+def test_requirements_pin_a_complete_set_for_every_python(wheelhouse):
+    """Every pin is exact and hashed; for each supported Python the pinned wheels' own
+    Requires-Dist (markers evaluated for it, extras left out) are all in the set."""
+    import zipfile
+
+    from packaging.markers import default_environment
+
+    pins = ut.read_requirements()
+    assert {p.name for p in pins} >= {"pytest", "expecttest", "hypothesis"}
+    assert all(len(p.hashes) == 1 and len(p.hashes[0]) == 64 for p in pins)
+    resolved = ut.resolve_wheels(wheelhouse)
+    assert set(resolved) == set(ut.PYTHONS)
+    for python, wheels in resolved.items():
+        have = {w.project: w.version for w in wheels}
+        env = {**default_environment(), "python_version": python, "python_full_version": python + ".0",
+               "sys_platform": "linux", "extra": ""}
+        for wheel in wheels:
+            with zipfile.ZipFile(wheelhouse / wheel.file) as archive:
+                meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+                lines = archive.read(meta).decode().splitlines()
+            requires = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Requires-Dist:")]
+            python_req = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Requires-Python:")]
+            if python_req:
+                from packaging.specifiers import SpecifierSet
+                assert SpecifierSet(python_req[0]).contains(python + ".0"), (python, wheel.file, python_req)
+            for text in requires:
+                req = Requirement(text)
+                if req.marker is not None and not req.marker.evaluate(env):
+                    continue
+                name = canonicalize_name(req.name)
+                assert name in have, (python, wheel.file, text)
+                assert req.specifier.contains(have[name], prereleases=True), (python, wheel.file, text)
+
+
+def test_the_runner_follows_the_probe_rule():
+    """Standard library only, Python 3.6 syntax: it runs inside old targets."""
+    source = ut.RUNNER.read_text()
+    tree = ast.parse(source, feature_version=(3, 6))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    assert "torch" not in imported and "patcher" not in imported
+
+
+def test_plan_unions_the_series_and_the_smoke_selection():
+    series = patches.load_series(Path(patches.__file__).resolve().parent.parent / "patches", "1.13.1")
+    chosen = ut.plan(series)
+    every = [str(t) for p in series.patches for t in p.upstream_tests]
+    assert [str(s.test) for s in chosen if s.patches != (ut.SMOKE_ID,)] == list(dict.fromkeys(every))
+    assert [str(s.test) for s in chosen if s.patches == (ut.SMOKE_ID,)] == [str(t) for t in ut.SMOKE]
+    lite = next(s for s in chosen if s.test.file == "mobile/test_lite_script_module.py")
+    assert lite.patches == ("PT-0104", "PT-0105")
+    assert [s.id for s in chosen] == [f"s{i:02d}" for i in range(1, len(chosen) + 1)]
