@@ -62,6 +62,7 @@ import shutil
 import time
 import zipfile
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -502,6 +503,32 @@ def _read_link(path: str) -> str | None:
         return None
 
 
+_BATCH = 32          # projects per batch of file-system work
+_FILE_THREADS = 4    # threads for that work: the calls let go of the interpreter lock, and a
+                     # busy disk's latency overlaps; the work of one batch stays in order
+
+
+class _FileWork:
+    """Batches of file-system work on a few threads; leaving the block waits for all of
+    them and raises the first error (nothing is still being written after it)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(_FILE_THREADS, thread_name_prefix="index-write")
+        self.futures: list[Future[None]] = []
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        self.futures.append(self.pool.submit(fn, *args))
+
+    def __enter__(self) -> _FileWork:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.pool.shutdown(wait=True)
+        errors = [f.exception() for f in self.futures if f.exception() is not None]
+        if errors and exc_info[0] is None:
+            raise errors[0]
+
+
 def _next_generation(layout: IndexLayout, current: str | None) -> str:
     numbers = [_generation_number(n) for n in os.listdir(layout.generations) if _GEN_RE.match(n)]
     if current:
@@ -619,24 +646,21 @@ def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[s
     projects_dir = str(layout.projects)
     projects_fd = os.open(projects_dir, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for project, files in changed.items():
-            ordered = sorted(files, key=lambda f: f.sort_key)
-            html_text, json_text = render_project_html(project, ordered), render_project_json(project, ordered)
-            if whole and current is not None and _pages_unchanged(
-                    layout, project, layout.page_version(current, project), html_text, json_text):
-                continue
-            # No staging name needed: nothing links to pdir/gen until the generation switches.
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(project, dir_fd=projects_fd)
-            target = f"{project}/{gen}"
-            try:
-                os.mkdir(target, dir_fd=projects_fd)
-            except FileExistsError:  # left by a publish that died before its generation existed
-                shutil.rmtree(os.path.join(projects_dir, target))
-                os.mkdir(target, dir_fd=projects_fd)
-            _write(f"{target}/index.html", html_text, dir_fd=projects_fd)
-            _write(f"{target}/index.json", json_text, dir_fd=projects_fd)
-            rendered.add(project)
+        with _FileWork() as work:
+            batch: list[tuple[str, str, str]] = []
+            for project, files in changed.items():
+                ordered = sorted(files, key=lambda f: f.sort_key)
+                html_text, json_text = render_project_html(project, ordered), render_project_json(project, ordered)
+                if whole and current is not None and _pages_unchanged(
+                        layout, project, layout.page_version(current, project), html_text, json_text):
+                    continue
+                rendered.add(project)
+                batch.append((project, html_text, json_text))
+                if len(batch) >= _BATCH:
+                    work.submit(_write_pages, projects_fd, projects_dir, gen, batch)
+                    batch = []
+            if batch:
+                work.submit(_write_pages, projects_fd, projects_dir, gen, batch)
     finally:
         os.close(projects_fd)
     touched = sorted({*rendered, *removed})
@@ -661,6 +685,27 @@ def _commit_generation(layout: IndexLayout, current: str | None, changed: dict[s
     _collect_garbage(layout, gen, {p: {v} for p, v in dropped.items()})
     layout.pending.unlink(missing_ok=True)
     return gen
+
+
+def _write_pages(projects_fd: int, projects_dir: str, gen: str, batch: list[tuple[str, str, str]]) -> None:
+    for project, html_text, json_text in batch:
+        # No staging name needed: nothing links to pdir/gen until the generation switches, and
+        # the pending note lets the next publish remove it if this one dies.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(project, dir_fd=projects_fd)
+        target = f"{project}/{gen}"
+        try:
+            os.mkdir(target, dir_fd=projects_fd)
+        except FileExistsError:  # left by a publish that died before its generation existed
+            shutil.rmtree(os.path.join(projects_dir, target))
+            os.mkdir(target, dir_fd=projects_fd)
+        _write(f"{target}/index.html", html_text, dir_fd=projects_fd)
+        _write(f"{target}/index.json", json_text, dir_fd=projects_fd)
+
+
+def _make_links(staging_fd: int, links: list[tuple[str, str]]) -> None:
+    for project, version in links:
+        os.symlink(f"../../.projects/{project}/{version}", project, dir_fd=staging_fd)
 
 
 def _recycle_plan(layout: IndexLayout, live: list[str], touched: list[str]) -> tuple[str, set[str]] | None:
@@ -700,8 +745,9 @@ def _build_whole(layout: IndexLayout, gen: str, current: str | None, rendered: s
     _write(os.path.join(staging, "index.json"), render_root_json(projects))
     staging_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for project in projects:  # plain strings: this loop runs once per project in the index
-            os.symlink(f"../../.projects/{project}/{versions[project]}", project, dir_fd=staging_fd)
+        with _FileWork() as work:
+            for start in range(0, len(projects), _BATCH * 4):  # this runs once per project in the index
+                work.submit(_make_links, staging_fd, [(p, versions[p]) for p in projects[start:start + _BATCH * 4]])
     finally:
         os.close(staging_fd)
     return staging
