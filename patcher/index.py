@@ -434,6 +434,12 @@ class IndexLayout:
             raise PublishError(f"index page {path} is damaged: {exc}") from None
 
 
+def _safe_project(name: Any) -> bool:
+    """A name that can only mean an entry inside its directory (records and notes are read
+    back from disk: a damaged one must not make a publish touch anything outside)."""
+    return isinstance(name, str) and bool(name) and not name.startswith(".") and "/" not in name and "\0" not in name
+
+
 def _link_target(project: str, version: str) -> str:
     return f"../../.projects/{project}/{version}"
 
@@ -600,6 +606,9 @@ def _collect_garbage(layout: IndexLayout, newest: str | None, candidates: dict[s
         shutil.rmtree(layout.generations / g, ignore_errors=True)
     projects_dir = str(layout.projects)
     for project, versions in maybe_unused.items():
+        if not _safe_project(project):
+            continue
+        versions = {v for v in versions if _GEN_RE.match(v)}
         used = set()
         for g in keep:
             try:
@@ -722,7 +731,8 @@ def _recycle_plan(layout: IndexLayout, live: list[str], touched: list[str]) -> t
             record = layout.record(g)
         except PublishError:
             return None
-        if record.get("_format") != RECORD_FORMAT or record.get("base") != previous:
+        if record.get("_format") != RECORD_FORMAT or record.get("base") != previous \
+                or not all(_safe_project(p) for p in record["changed"]):
             return None
         projects.update(record["changed"])
         previous = g

@@ -212,3 +212,21 @@ def test_write_index_from_a_package_list(tmp_path):
     listing.write_text('{"filename": "torch.tar.gz", "hash": "sha256=00"}\n')
     with pytest.raises(PublishError, match="packages.jsonl:1: not a package list entry"):
         index.read_package_list(listing)
+
+
+def test_damaged_records_and_notes_touch_nothing_outside_the_index(tmp_path):
+    idx, src = _seed(tmp_path)
+    for i in range(index.KEEP_GENERATIONS):
+        index.publish(idx, [write_minimal_wheel(src, f"pkg-{i}", "2.0")], require_evidence=False)
+    outside = tmp_path / "outside"
+    (outside / "g000001").mkdir(parents=True)
+    current = idx / "simple" / ".manifest.json"
+    record = json.loads(current.read_text())
+    record["changed"] = ["../../../outside"]
+    current.unlink()
+    current.write_text(json.dumps(record))
+    (idx / ".pending.json").write_text(json.dumps({"generation": "g000001", "projects": ["../../outside"],
+                                                   "dropped": {"../../outside": "g000001"}}))
+    index.publish(idx, [write_minimal_wheel(src, "pkg-7", "2.0")], require_evidence=False)
+    assert (outside / "g000001").is_dir()
+    _assert_consistent(idx)
