@@ -12,7 +12,8 @@ Each check measures two things:
 
 A pass means the operation is deterministic under the flag.  Anything else is a
 ``Finding``: an upstream gap, not required unless the wheel carries the patch that closes
-it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d).  Without a flag (torch < 1.7)
+it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d, PT-0203 .. PT-0211 for pooling,
+padding, interpolation and unpooling: see OPERATIONS).  Without a flag (torch < 1.7)
 the unflagged result decides.  The flag and its warn-only setting are restored afterwards.
 """
 
@@ -97,6 +98,69 @@ def op_reflection_pad2d(torch, device):
     return _grads_of(torch, torch.nn.functional.pad(x, (7, 7, 7, 7), mode="reflect"), [x], 20)
 
 
+def op_reflection_pad1d(torch, device):
+    x = _randn(torch, (16, 32, 256), 34, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (31, 17), mode="reflect"), [x], 35)
+
+
+def op_reflection_pad3d(torch, device):
+    x = _randn(torch, (4, 16, 16, 16, 16), 36, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (3,) * 6, mode="reflect"), [x], 37)
+
+
+def op_replication_pad1d(torch, device):
+    x = _randn(torch, (16, 32, 256), 38, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (40, 40), mode="replicate"), [x], 39)
+
+
+def op_replication_pad2d(torch, device):
+    x = _randn(torch, (16, 32, 32, 32), 40, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (9, 9, 9, 9), mode="replicate"), [x], 41)
+
+
+def op_replication_pad3d(torch, device):
+    x = _randn(torch, (4, 16, 16, 16, 16), 42, device, True)
+    return _grads_of(torch, torch.nn.functional.pad(x, (5,) * 6, mode="replicate"), [x], 43)
+
+
+def op_interpolate_linear(torch, device):
+    x = _randn(torch, (16, 32, 200), 44, device, True)
+    out = torch.nn.functional.interpolate(x, scale_factor=2.5, mode="linear", align_corners=False)
+    return _grads_of(torch, out, [x], 45)
+
+
+def op_interpolate_bicubic(torch, device):
+    x = _randn(torch, (8, 16, 48, 48), 46, device, True)
+    out = torch.nn.functional.interpolate(x, scale_factor=2.5, mode="bicubic", align_corners=False)
+    return _grads_of(torch, out, [x], 47)
+
+
+def op_interpolate_trilinear(torch, device):
+    x = _randn(torch, (4, 16, 12, 12, 12), 48, device, True)
+    out = torch.nn.functional.interpolate(x, scale_factor=2.5, mode="trilinear", align_corners=False)
+    return _grads_of(torch, out, [x], 49)
+
+
+def op_max_pool3d(torch, device):
+    x = _randn(torch, (4, 16, 24, 24, 24), 50, device, True)
+    return _grads_of(torch, torch.nn.functional.max_pool3d(x, 3, stride=2, padding=1), [x], 51)
+
+
+def op_fractional_max_pool3d(torch, device):
+    x = _randn(torch, (4, 16, 24, 24, 24), 52, device, True)
+    samples = torch.rand(4, 16, 3, generator=_generator(torch, 53)).to(device)
+    out = torch.nn.functional.fractional_max_pool3d(x, 3, output_size=(16, 16, 16), _random_samples=samples)
+    return _grads_of(torch, out, [x], 54)
+
+
+def op_max_unpool3d(torch, device):
+    x = _randn(torch, (4, 16, 16, 16, 16), 55, device)
+    pooled, indices = torch.nn.functional.max_pool3d(x, 2, return_indices=True)
+    pooled.requires_grad_(True)
+    out = torch.nn.functional.max_unpool3d(pooled, indices, 2)
+    return [out.detach()] + _grads_of(torch, out, [pooled], 56)
+
+
 def op_nll_loss2d(torch, device):
     logits = _randn(torch, (16, 21, 64, 64), 21, device, True)
     target = torch.randint(0, 21, (16, 64, 64), generator=_generator(torch, 22)).to(device)
@@ -145,13 +209,24 @@ def op_cumsum(torch, device):
 OPERATIONS = (
     ("adaptive_max_pool2d", op_adaptive_max_pool2d, "backward", ("PT-0201",)),
     ("grid_sampler_2d", op_grid_sampler_2d, "backward", ("PT-0202",)),
-    ("avg_pool3d", op_avg_pool3d, "backward", ()),
-    ("adaptive_avg_pool2d", op_adaptive_avg_pool2d, "backward", ()),
-    ("adaptive_avg_pool3d", op_adaptive_avg_pool3d, "backward", ()),
-    ("fractional_max_pool2d", op_fractional_max_pool2d, "backward", ()),
-    ("max_unpool2d", op_max_unpool2d, "forward", ()),
-    ("interpolate_bilinear", op_interpolate_bilinear, "backward", ()),
-    ("reflection_pad2d", op_reflection_pad2d, "backward", ()),
+    ("avg_pool3d", op_avg_pool3d, "backward", ("PT-0203",)),
+    ("adaptive_avg_pool2d", op_adaptive_avg_pool2d, "backward", ("PT-0204",)),
+    ("adaptive_avg_pool3d", op_adaptive_avg_pool3d, "backward", ("PT-0205",)),
+    ("reflection_pad1d", op_reflection_pad1d, "backward", ("PT-0206",)),
+    ("reflection_pad2d", op_reflection_pad2d, "backward", ("PT-0206",)),
+    ("reflection_pad3d", op_reflection_pad3d, "backward", ("PT-0206",)),
+    ("replication_pad1d", op_replication_pad1d, "backward", ("PT-0207",)),
+    ("replication_pad2d", op_replication_pad2d, "backward", ("PT-0207",)),
+    ("replication_pad3d", op_replication_pad3d, "backward", ("PT-0207",)),
+    ("interpolate_linear", op_interpolate_linear, "backward", ("PT-0208",)),
+    ("interpolate_bilinear", op_interpolate_bilinear, "backward", ("PT-0208",)),
+    ("interpolate_bicubic", op_interpolate_bicubic, "backward", ("PT-0208",)),
+    ("interpolate_trilinear", op_interpolate_trilinear, "backward", ("PT-0208",)),
+    ("max_pool3d", op_max_pool3d, "backward", ("PT-0209",)),
+    ("fractional_max_pool2d", op_fractional_max_pool2d, "backward", ("PT-0210",)),
+    ("fractional_max_pool3d", op_fractional_max_pool3d, "backward", ("PT-0210",)),
+    ("max_unpool2d", op_max_unpool2d, "forward", ("PT-0211",)),
+    ("max_unpool3d", op_max_unpool3d, "forward", ("PT-0211",)),
     ("nll_loss2d", op_nll_loss2d, "forward", ()),
     ("ctc_loss", op_ctc_loss, "backward", ()),
     ("embedding_bag_max", op_embedding_bag_max, "backward", ()),
@@ -159,6 +234,11 @@ OPERATIONS = (
     ("bincount", op_bincount, "forward", ()),
     ("cumsum", op_cumsum, "forward", ()),
 )
+
+
+# torch ranges narrower than ">=1.4": F.pad(mode="reflect") on 5-D input (reflection_pad3d)
+# first exists in 1.10.
+TORCH_RANGES = {"reflection_pad3d": ">=1.10"}
 
 
 # --- the deterministic flag across releases --------------------------------------------------
@@ -297,7 +377,8 @@ def _register(name, operation, phase, patches):
         return details
 
     determinism_check.__name__ = "determinism_" + name
-    check("determinism." + name, torch=">=1.4", device="cuda", patches=patches, required=False)(
+    check("determinism." + name, torch=TORCH_RANGES.get(name, ">=1.4"), device="cuda", patches=patches,
+          required=False)(
         determinism_check)
 
 

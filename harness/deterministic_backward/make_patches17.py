@@ -1,0 +1,762 @@
+#!/usr/bin/env python3
+"""Make patches/1.13.1/0203-*.patch .. 0211-*.patch (issue 17) from det_accumulate.cuh and
+det_kernels17.cuh.
+
+The marked sections of the two headers (the code the H200 harness proved, see
+run_harness17.py) are copied verbatim into each torch 1.13.1 .cu file that needs them, in an
+anonymous namespace at the top of at::native; the file's backward (max_unpool: forward) takes
+the deterministic path when at::globalContext().deterministicAlgorithms() is set, and keeps
+its atomic kernel (and its alertNotDeterministic, which now fires only for the types the
+deterministic kernel does not cover, e.g. complex) otherwise. Each patch is committed in a
+scratch git repository of the pristine tree and exported with git format-patch, as
+make_patches.py does for PT-0201/0202.
+
+    python3 harness/deterministic_backward/make_patches17.py \
+        --tree /tmp/detbw/pytorch-1.13.1 --out patches/1.13.1
+
+--tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_patches as mp  # noqa: E402  (git helpers, identity and date)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CUDA = "aten/src/ATen/native/cuda/"
+ISSUES = "https://github.com/pytorch/pytorch/issues/"
+EVIDENCE = ("evidence/gpu/deterministic-issue17-ops.json and "
+            "deterministic-issue17-training.json in the patcher repository")
+
+
+def sections(*names):
+    text = open(os.path.join(HERE, "det_accumulate.cuh")).read() + open(
+        os.path.join(HERE, "det_kernels17.cuh")).read()
+    out = []
+    for name in names:
+        begin, end = f"// BEGIN {name}\n", f"// END {name}\n"
+        a = text.index(begin) + len(begin)
+        out.append(text[a:text.index(end)])
+    return "".join(out)
+
+
+def replace_once(text, old, new):
+    if text.count(old) != 1:
+        raise SystemExit(f"expected exactly one occurrence of:\n{old}")
+    return text.replace(old, new)
+
+
+def replace_after(text, marker, old, new):
+    """Replace the first `old` after the (unique) `marker`."""
+    if text.count(marker) != 1:
+        raise SystemExit(f"expected exactly one occurrence of marker:\n{marker}")
+    start = text.index(marker)
+    i = text.find(old, start)
+    if i < 0:
+        raise SystemExit(f"not found after {marker!r}:\n{old}")
+    return text[:i] + new + text[i + len(old):]
+
+
+INCLUDES = ["#include <ATen/OpMathType.h>", "#include <c10/cuda/CUDAException.h>",
+            "#include <c10/macros/Macros.h>"]
+STD = ["#include <algorithm>", "#include <cstdint>", "#include <limits>"]
+
+
+def add_includes(src, extra=()):
+    lines = src.split("\n")
+    want = [i for i in list(INCLUDES) + list(extra) + STD if i not in lines]
+    anchor = "#include <ATen/cuda/CUDAContext.h>\n"
+    return replace_once(src, anchor, anchor + "".join(w + "\n" for w in want))
+
+
+def add_sections(src, names):
+    block = ("\n// Deterministic kernels (patcher, issue 17): one writer per element or\n"
+             "// order-independent integer sums; see the comments in each section.\n"
+             "namespace {\n\n" + sections(*names) + "\n} // namespace\n")
+    return replace_once(src, "namespace native {\n", "namespace native {\n" + block)
+
+
+def drop_alert(src, name, indent="  ", comment=True):
+    """Remove an entry point's alert (the deterministic branch further in raises it when needed)."""
+    old = f'{indent}globalContext().alertNotDeterministic("{name}");\n'
+    new = (f"{indent}// (the alert moved to where the deterministic kernel is chosen)\n" if comment else "")
+    return replace_once(src, old, new)
+
+
+ALERT_NOTE = ("// See Note [Writing Nondeterministic Operations]. Under\n"
+              "{i}// torch.use_deterministic_algorithms(True) an atomic-free kernel with a\n"
+              "{i}// fixed order of additions is used; otherwise the atomic kernel below.\n")
+
+
+def det_branch(indent, cond, body, alert):
+    i = indent
+    return (f"{i}{ALERT_NOTE.format(i=i)}"
+            f"{i}if ({cond}) {{\n" + "".join(f"{i}  {line}\n" if line else "\n" for line in body) +
+            f"{i}}}\n{i}globalContext().alertNotDeterministic(\"{alert}\");\n")
+
+
+# --- per-file transforms ---------------------------------------------------------------------
+def t_adaptive2d(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "adaptive_avg_pool"])
+    src = replace_once(
+        src,
+        "    // See Note [Writing Nondeterministic Operations]\n"
+        "    // Nondeterministic because of atomicAdd usage\n"
+        "    globalContext().alertNotDeterministic(\"adaptive_avg_pool2d_backward_out_cuda\");\n",
+        "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    src = replace_once(
+        src,
+        "    // See Note [Writing Nondeterministic Operations]\n"
+        "    // Nondeterministic because of atomicAdd usage\n"
+        "    globalContext().alertNotDeterministic(\"adaptive_avg_pool2d_backward_cuda\");\n",
+        "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    src = replace_after(
+        src, "  void adaptive_avg_pool2d_backward_out_cuda_template(",
+        "    switch (input.suggest_memory_format()) {\n",
+        det_branch("    ", "globalContext().deterministicAlgorithms()",
+                   ["adaptive_avg_pool_backward_deterministic(gradInput, gradOutput_, /*spatial=*/2);",
+                    "return;"], "adaptive_avg_pool2d_backward_cuda") +
+        "\n    switch (input.suggest_memory_format()) {\n")
+    return src
+
+
+def t_adaptive3d(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "adaptive_avg_pool"])
+    for name in ("adaptive_avg_pool3d_backward_out_cuda", "adaptive_avg_pool3d_backward_cuda"):
+        src = replace_once(
+            src,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic because of atomicAdd usage\n"
+            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
+            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    src = replace_after(
+        src, "void adaptive_avg_pool3d_backward_out_cuda_template(",
+        "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n\n  gradInput.zero_();\n",
+        "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n\n" +
+        det_branch("  ", "globalContext().deterministicAlgorithms()",
+                   ["adaptive_avg_pool_backward_deterministic(gradInput, gradOutput, /*spatial=*/3);",
+                    "return;"], "adaptive_avg_pool3d_backward_cuda") +
+        "  gradInput.zero_();\n")
+    return src
+
+
+def t_avgpool3d(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "avg_pool3d"])
+    src = replace_once(
+        src,
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"avg_pool3d_backward_cuda\");\n",
+        "  // See Note [Writing Nondeterministic Operations]: see below.\n")
+    src = replace_after(
+        src, "TORCH_IMPL_FUNC(avg_pool3d_backward_out_cuda) (",
+        "  gradInput.zero_();\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms()",
+                   ["avg_pool3d_backward_deterministic(gradInput, gradOutput, kT, kH, kW, dT, dH, dW,",
+                    "                                  padT, padH, padW, count_include_pad, divisor);",
+                    "return;"], "avg_pool3d_backward_cuda") +
+        "  gradInput.zero_();\n")
+    return src
+
+
+def t_reflection(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "pad"])
+    # 1d (structured: the meta function checked the shapes)
+    src = replace_once(
+        src,
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"reflection_pad1d_backward_out_cuda\");\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !grad_input.is_complex()",
+                   ["pad_backward_deterministic(grad_input, grad_output_, /*spatial=*/1, /*reflection=*/true,",
+                    "                           0, 0, padding[0]);",
+                    "return;"], "reflection_pad1d_backward_out_cuda"))
+    # 2d: entry points alert no more; the template decides after its shape checks
+    for name in ("reflection_pad2d_backward_out_cuda", "reflection_pad2d_backward_cuda"):
+        src = replace_once(
+            src,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic because of atomicAdd usage\n"
+            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
+            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    src = replace_after(
+        src, "void reflection_pad2d_backward_out_template(",
+        "  Tensor grad_output = grad_output_.contiguous();\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !grad_input.is_complex()",
+                   ["pad_backward_deterministic(grad_input, grad_output_, /*spatial=*/2, /*reflection=*/true,",
+                    "                           0, pad_t, pad_l);",
+                    "return;"], "reflection_pad2d_backward_cuda") +
+        "\n  Tensor grad_output = grad_output_.contiguous();\n")
+    # 3d (structured)
+    src = replace_once(
+        src,
+        "  globalContext().alertNotDeterministic(\"reflection_pad3d_backward_out_cuda\");\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !grad_input.is_complex()",
+                   ["pad_backward_deterministic(grad_input, grad_output, /*spatial=*/3, /*reflection=*/true,",
+                    "                           padding[4], padding[2], padding[0]);",
+                    "return;"], "reflection_pad3d_backward_out_cuda"))
+    return src
+
+
+def t_replication(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "pad"])
+    # 1d (structured)
+    src = replace_once(
+        src,
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"replication_pad1d_backward_cuda\");\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !gradInput.is_complex()",
+                   ["pad_backward_deterministic(gradInput, gradOutput, /*spatial=*/1, /*reflection=*/false,",
+                    "                           0, 0, paddingSize[0]);",
+                    "return;"], "replication_pad1d_backward_cuda"))
+    for name in ("replication_pad2d_backward_out_cuda", "replication_pad2d_backward_cuda",
+                 "replication_pad3d_backward_out_cuda", "replication_pad3d_backward_cuda"):
+        src = replace_once(
+            src,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic because of atomicAdd usage\n"
+            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
+            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    resize = "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n  gradInput.zero_();\n"
+    src = replace_after(
+        src, "void replication_pad2d_backward_out_cuda_template(", resize,
+        "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n" +
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !gradInput.is_complex()",
+                   ["pad_backward_deterministic(gradInput, gradOutput, /*spatial=*/2, /*reflection=*/false,",
+                    "                           0, padT, padL);",
+                    "return;"], "replication_pad2d_backward_cuda") +
+        "  gradInput.zero_();\n")
+    src = replace_after(
+        src, "void replication_pad3d_backward_out_cuda_template(", resize,
+        "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n" +
+        det_branch("  ", "globalContext().deterministicAlgorithms() && !gradInput.is_complex()",
+                   ["pad_backward_deterministic(gradInput, gradOutput, /*spatial=*/3, /*reflection=*/false,",
+                    "                           pfront, ptop, pleft);",
+                    "return;"], "replication_pad3d_backward_cuda") +
+        "  gradInput.zero_();\n")
+    return src
+
+
+def upsample_transform(entry, alert, spatial, cubic, scales):
+    """scales: expressions for the (D, H, W) scales' (input size, output size, optional scale)."""
+    def t(src):
+        src = add_includes(src, ["#include <c10/cuda/CUDACachingAllocator.h>"])
+        src = add_sections(src, ["det_common", "upsample"])
+        body = ["// the forward's scales, as area_pixel_compute_scale computes them in the",
+                "// accumulate type (double for double, float otherwise)",
+                "const bool acc_double = grad_output.scalar_type() == at::ScalarType::Double;",
+                "auto det_scale = [&](int64_t in, int64_t out, c10::optional<double> s) -> double {",
+                "  return acc_double",
+                "      ? static_cast<double>(area_pixel_compute_scale<double>(in, out, align_corners, s))",
+                "      : static_cast<double>(area_pixel_compute_scale<float>(in, out, align_corners, s));",
+                "};"]
+        args = []
+        for expr in scales:
+            args.append("0.0" if expr is None else f"det_scale({expr[0]}, {expr[1]}, {expr[2]})")
+        body += [f"upsample_backward_deterministic(grad_input, grad_output, /*spatial=*/{spatial}, "
+                 f"/*cubic=*/{'true' if cubic else 'false'},",
+                 f"                                align_corners, {', '.join(args)});",
+                 "return;"]
+        src = replace_after(
+            src, entry,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic because of atomicAdd usage\n"
+            f"  globalContext().alertNotDeterministic(\"{alert}\");\n",
+            det_branch("  ", "globalContext().deterministicAlgorithms()", body, alert))
+        return src
+    return t
+
+
+t_linear1d = upsample_transform(
+    "TORCH_IMPL_FUNC(upsample_linear1d_backward_out_cuda) (", "upsample_linear1d_backward_out_cuda", 1, False,
+    [None, None, ("input_size[2]", "output_size[0]", "scales")])
+t_bilinear2d = upsample_transform(
+    "TORCH_IMPL_FUNC(upsample_bilinear2d_backward_out_cuda) (", "upsample_bilinear2d_backward_out_cuda", 2, False,
+    [None, ("input_size[2]", "output_size[0]", "scales_h"), ("input_size[3]", "output_size[1]", "scales_w")])
+t_bicubic2d = upsample_transform(
+    "TORCH_IMPL_FUNC(upsample_bicubic2d_backward_out_cuda) (", "upsample_bicubic2d_backward_out_cuda", 2, True,
+    [None, ("input_size[2]", "output_size[0]", "scales_h"), ("input_size[3]", "output_size[1]", "scales_w")])
+t_trilinear3d = upsample_transform(
+    "TORCH_IMPL_FUNC(upsample_trilinear3d_backward_out_cuda) (", "upsample_trilinear3d_backward_out_cuda", 3, False,
+    [("input_size[2]", "output_size[0]", "scales_d"), ("input_size[3]", "output_size[1]", "scales_h"),
+     ("input_size[4]", "output_size[2]", "scales_w")])
+
+ARGMAX_CONTIG = [
+    "const Tensor go_c = gradOutput.contiguous();",
+    "const Tensor ind_c = indices.contiguous();",
+    "Tensor gi_c = gradInput.is_contiguous() ? gradInput",
+    "                                        : at::empty(gradInput.sizes(), gradInput.options());",
+]
+
+
+def t_maxpool3d(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "argmax_gather"])
+    for name in ("max_pool3d_with_indices_backward_out_cuda", "max_pool3d_with_indices_backward_cuda"):
+        src = replace_once(
+            src,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic because of atomicAdd usage\n"
+            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
+            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    body = ARGMAX_CONTIG + [
+        "const int64_t in_size[3] = {itime, iheight, iwidth};",
+        "const int64_t out_size[3] = {otime, oheight, owidth};",
+        "const int64_t k[3] = {kT, kH, kW}, s[3] = {dT, dH, dW}, p[3] = {pT, pH, pW};",
+        "const int64_t dil[3] = {dilationT, dilationH, dilationW};",
+        "if (argmax_gather_backward_deterministic(gi_c, go_c, ind_c, /*spatial=*/3, in_size, out_size,",
+        "                                         /*from_target=*/true, k, s, p, dil)) {",
+        "  if (!gi_c.is_same(gradInput)) {",
+        "    gradInput.copy_(gi_c);",
+        "  }",
+        "  return;",
+        "}",
+        "// beyond the 32-bit path: no deterministic kernel, the alert below raises"]
+    src = replace_once(
+        src,
+        "  Tensor work_grad_input = gradInput;\n  Tensor work_grad_output;\n  Tensor work_indices;\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms()", body,
+                   "max_pool3d_with_indices_backward_cuda") +
+        "\n  Tensor work_grad_input = gradInput;\n  Tensor work_grad_output;\n  Tensor work_indices;\n")
+    return src
+
+
+def t_frac2d(src):
+    src = add_includes(src)
+    src = add_sections(src, ["det_common", "argmax_gather"])
+    src = replace_once(
+        src,
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"fractional_max_pool2d_backward_cuda\");\n",
+        "  // See Note [Writing Nondeterministic Operations]: see below.\n")
+    body = ARGMAX_CONTIG + [
+        "const int64_t in_size[2] = {inputH, inputW};",
+        "const int64_t out_size[2] = {outputH, outputW};",
+        "const int64_t k[2] = {pool_size[0], pool_size.size() == 1 ? pool_size[0] : pool_size[1]};",
+        "if (argmax_gather_backward_deterministic(gi_c, go_c, ind_c, /*spatial=*/2, in_size, out_size,",
+        "                                         /*from_target=*/false, k, nullptr, nullptr, nullptr)) {",
+        "  if (!gi_c.is_same(gradInput)) {",
+        "    gradInput.copy_(gi_c);",
+        "  }",
+        "  return;",
+        "}",
+        "// beyond the 32-bit path: no deterministic kernel, the alert below raises"]
+    src = replace_after(
+        src, "TORCH_IMPL_FUNC(fractional_max_pool2d_backward_cuda)(",
+        "  gradInput.zero_();\n",
+        det_branch("  ", "globalContext().deterministicAlgorithms()", body,
+                   "fractional_max_pool2d_backward_cuda") + "  gradInput.zero_();\n")
+    # pool_size is used now
+    src = replace_once(src, "  IntArrayRef pool_size /* unused */,\n", "  IntArrayRef pool_size,\n")
+    return src
+
+
+def t_frac3d(src):
+    src = add_includes(src, ["#include <c10/cuda/CUDACachingAllocator.h>"])
+    src = add_sections(src, ["det_common", "det_fixed_point", "index_scatter"])
+    for name in ("fractional_max_pool3d_backward_out_cuda", "fractional_max_pool3d_backward_cuda"):
+        src = replace_once(
+            src,
+            "    // See Note [Writing Nondeterministic Operations]\n"
+            "    // Nondeterministic because of atomicAdd usage\n"
+            f"    globalContext().alertNotDeterministic(\"{name}\");\n",
+            "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    # the template learns the pool size (the bound on windows sharing one element)
+    src = replace_once(
+        src,
+        "  IntArrayRef output_size,\n  const Tensor& indices) {\n    int64_t dimt = 1;\n",
+        "  IntArrayRef output_size,\n  const Tensor& indices,\n  IntArrayRef pool_size) {\n    int64_t dimt = 1;\n")
+    src = replace_once(src, "  IntArrayRef /*pool_size*/,\n  IntArrayRef output_size,\n",
+                       "  IntArrayRef pool_size,\n  IntArrayRef output_size,\n")
+    call_old = "      output_size,\n      indices\n    );\n"
+    if src.count(call_old) != 2:
+        raise SystemExit("expected the template's two call sites")
+    src = src.replace(call_old, "      output_size,\n      indices,\n      pool_size\n    );\n")
+    body = ARGMAX_CONTIG + [
+        "const int64_t planes = inputT * inputH * inputW == 0 ? 0",
+        "    : gradInput.numel() / (inputT * inputH * inputW);",
+        "// windows covering one element: at most pool + 1 per axis (see argmax_gather)",
+        "int64_t hits = 1;",
+        "for (size_t a = 0; a < 3; ++a) {",
+        "  hits *= (pool_size.size() == 1 ? pool_size[0] : pool_size[a]) + 1;",
+        "}",
+        "index_scatter_backward_deterministic(gi_c, go_c, ind_c, planes, inputT * inputH * inputW,",
+        "                                     outputT * outputH * outputW, hits);",
+        "if (!gi_c.is_same(gradInput)) {",
+        "  gradInput.copy_(gi_c);",
+        "}",
+        "return;"]
+    src = replace_once(
+        src,
+        "    /* resize */\n    gradInput.resize_as_(input);\n    gradInput.zero_();\n",
+        "    /* resize */\n    gradInput.resize_as_(input);\n" +
+        det_branch("    ", "globalContext().deterministicAlgorithms()", body,
+                   "fractional_max_pool3d_backward_cuda") + "    gradInput.zero_();\n")
+    return src
+
+
+def t_unpool(src):
+    src = add_includes(src, ["#include <c10/cuda/CUDACachingAllocator.h>"])
+    src = add_sections(src, ["det_common", "max_unpool"])
+    for name in ("max_unpooling2d_forward_out", "max_unpooling3d_forward_out"):
+        src = replace_once(
+            src,
+            "  // See Note [Writing Nondeterministic Operations]\n"
+            "  // Nondeterministic with duplicate indices\n"
+            f"  at::globalContext().alertNotDeterministic(\"{name}\");\n",
+            "  // See Note [Writing Nondeterministic Operations]: see below (duplicate\n"
+            "  // indices are a write conflict).\n")
+    note = ("  // See Note [Writing Nondeterministic Operations]. Under\n"
+            "  // torch.use_deterministic_algorithms(True), floating types: duplicate indices\n"
+            "  // resolve to the largest input position, as the CPU kernel does one thread.\n")
+    src = replace_once(
+        src,
+        "  output.resize_({numBatch, numChannels, oheight, owidth});\n\n  output.zero_();\n",
+        "  output.resize_({numBatch, numChannels, oheight, owidth});\n\n" + note +
+        "  if (at::globalContext().deterministicAlgorithms() && at::isFloatingType(self.scalar_type())) {\n"
+        "    max_unpool_deterministic(output, self, indices, numBatch * numChannels,\n"
+        "                             inputHeight * inputWidth, oheight * owidth);\n"
+        "    if (self.ndimension() == 3) {\n"
+        "      output.resize_({numChannels, oheight, owidth});\n"
+        "    }\n"
+        "    return output;\n"
+        "  }\n"
+        "  at::globalContext().alertNotDeterministic(\"max_unpooling2d_forward_out\");\n\n"
+        "  output.zero_();\n")
+    src = replace_after(
+        src, "    output.resize_({batchSize, inputSlices, oT, oH, oW});\n  }\n",
+        "  output.zero_();\n",
+        note +
+        "  if (at::globalContext().deterministicAlgorithms() && at::isFloatingType(self.scalar_type())) {\n"
+        "    max_unpool_deterministic(output, self, indices, batchSize * inputSlices,\n"
+        "                             inputTime * inputHeight * inputWidth, oT * oH * oW);\n"
+        "    return output;\n"
+        "  }\n"
+        "  at::globalContext().alertNotDeterministic(\"max_unpooling3d_forward_out\");\n"
+        "  output.zero_();\n")
+    return src
+
+
+# --- the patches -----------------------------------------------------------------------------
+def trailers(pid, bug, fix, probe, tests):
+    return (f"\nPatch-Id: {pid}\nApplies-To: ==1.13.1\nCategory: determinism\nUpstream-Bug: {bug}\n"
+            f"Upstream-Fix: {fix}\nProbe: {probe}\nUpstream-Tests: {tests}\n")
+
+
+COMMON_TAIL = """\
+The kernel text comes unchanged from harness/deterministic_backward
+(det_accumulate.cuh, det_kernels17.cuh) in the patcher repository, where
+it was built as a torch 2.11 extension and proved on an NVIDIA H200:
+bitwise identical over 25 repeats in every case, error against an fp64
+reference, fp64 gradcheck, time against torch's atomic kernel, and real
+networks trained twice through the dispatcher with the flag on ({ev}).
+torch's own test_nondeterministic_alert_{alert_test} (test/test_torch.py)
+expects the alert on CUDA and fails with this patch, by design.
+"""
+
+PATCHES = [
+    dict(
+        file="0203-deterministic-avg-pool3d-backward.patch", pid="PT-0203",
+        subject="Deterministic CUDA backward for avg_pool3d",
+        files={CUDA + "AveragePool3d.cu": t_avgpool3d},
+        bug=ISSUES + "110698", probe="determinism.avg_pool3d", alert_test="AvgPool3d",
+        tests='nn/test_pooling.py -k "avg_pool3d or AvgPool3d or pool3d"',
+        body="""\
+avg_pool3d_backward_cuda spreads each output gradient over its window
+with atomicAdd; overlapping windows make the order of the additions, and
+so the float result, change between runs, and under
+torch.use_deterministic_algorithms(True) the op raises
+"avg_pool3d_backward_cuda does not have a deterministic implementation".
+
+Under the flag, use a gather kernel instead: one thread per grad_input
+element enumerates the output cells whose window covers it
+(ceil((i + pad - k + 1) / stride) .. floor((i + pad) / stride) per axis),
+divides each by its window's divisor exactly as the forward does
+(divisor_override, count_include_pad, the clipped window otherwise) and
+sums them in ascending order in the accumulate type; it stores once, so
+no zero fill and no atomics. Any memory format; 32-bit index arithmetic
+where the sizes allow. The atomic kernel stays the default without the
+flag (it is faster on large inputs: 1.3-2x at 8x32x32^3, k3 s2 p1).
+
+H200: fp32 error vs fp64 0.6-1.2x torch's (half/bf16 0.2-0.35x); time
+0.43x torch's on a small call, 0.67x when 343 windows overlap each
+element, 1.3-2.0x on 8x32x32^3 (a miss of the 1.1x target).
+"""),
+    dict(
+        file="0204-deterministic-adaptive-avg-pool2d-backward.patch", pid="PT-0204",
+        subject="Deterministic CUDA backward for adaptive_avg_pool2d",
+        files={CUDA + "AdaptiveAveragePooling.cu": t_adaptive2d},
+        bug=ISSUES + "50198", probe="determinism.adaptive_avg_pool2d", alert_test="AdaptiveAvgPool2d",
+        tests='nn/test_pooling.py -k "adaptive_pooling or adaptive_avg_pool2d or AdaptiveAvgPool2d"',
+        body="""\
+adaptive_avg_pool2d_backward_cuda adds each output gradient into its
+window with atomicAdd (the contiguous path always takes the atomic
+kernel). Adaptive windows overlap when the sizes do not divide, so the
+result differs bitwise between runs, and under
+torch.use_deterministic_algorithms(True) the op raises.
+
+Under the flag, use a gather kernel: input row h is covered by output
+rows floor(h*OH/H) .. ceil((h+1)*OH/H)-1 (likewise for columns); one
+thread per grad_input element sums grad_output / window size over those
+cells in ascending order, in the accumulate type, and stores once.
+Contiguous and channels-last alike (strides are followed); divisions by
+the sizes go through a multiply-high reciprocal. Without the flag the
+atomic kernel stays.
+
+H200: 32x256x33x33 -> 7x7 fp32 1.24x torch's time (fp16/bf16 0.68x,
+channels-last 2.1-2.3x: misses), small calls 0.51x; error 0.4-1.1x
+torch's.
+"""),
+    dict(
+        file="0205-deterministic-adaptive-avg-pool3d-backward.patch", pid="PT-0205",
+        subject="Deterministic CUDA backward for adaptive_avg_pool3d",
+        files={CUDA + "AdaptiveAveragePooling3d.cu": t_adaptive3d},
+        bug="none", probe="determinism.adaptive_avg_pool3d", alert_test="AdaptiveAvgPool3d",
+        tests='nn/test_pooling.py -k "adaptive_pooling or adaptive_avg_pool3d"',
+        body="""\
+adaptive_avg_pool3d_backward_cuda uses atomicAdd whenever windows
+overlap, so its result changes between runs and under
+torch.use_deterministic_algorithms(True) it raises.
+
+Under the flag, the same gather kernel as PT-0204 in three axes: one
+thread per grad_input element sums grad_output / window volume over the
+covering cells in ascending order and stores once. Without the flag the
+atomic kernel stays.
+
+H200: 8x64x17^3 -> 5^3 fp32 1.15x torch's time (fp16/bf16 0.24x), small
+calls 0.51x, 2x2x2 -> 16^3 upsampling 2.1x fp32 (0.01x fp16, where
+torch's half atomics contend); error 0.4-1.03x torch's.
+"""),
+    dict(
+        file="0206-deterministic-reflection-pad-backward.patch", pid="PT-0206",
+        subject="Deterministic CUDA backward for reflection_pad1d/2d/3d",
+        files={CUDA + "ReflectionPad.cu": t_reflection},
+        bug="none", probe="determinism.reflection_pad1d, determinism.reflection_pad2d, determinism.reflection_pad3d",
+        alert_test="ReflectionPad2d",
+        tests='test_nn.py -k "ReflectionPad or reflection_pad"',
+        body="""\
+The reflection_pad backward kernels add every output gradient into its
+source element with atomicAdd. Elements near the border receive from
+their mirror images too, in a racing order, so the result differs
+between runs, and under torch.use_deterministic_algorithms(True) the 1d,
+2d and 3d backward raise.
+
+Under the flag (real types; complex keeps the alert), use a gather
+kernel: per axis an input position x receives from the direct position
+x + pad_l and from its mirror images 2*pad_l - (x + pad_l) and
+2*(I + pad_l - 1) - (x + pad_l), each kept only if the forward's own
+index formula maps it back to x. One thread per grad_input element sums
+those in a fixed order and stores once. Without the flag the atomic
+kernel stays.
+
+H200 (torch 2.11 no longer raises for reflection_pad2d; it still does
+for 1d and 3d): fp32 time 2.4x torch's at 16x64x128x128 pad 3 (1.15x
+channels-last, 1.35x half), 3.5x for 1d, 1.4x for 3d (misses); small
+calls 0.49x; error 0.3-1.0x torch's.
+"""),
+    dict(
+        file="0207-deterministic-replication-pad-backward.patch", pid="PT-0207",
+        subject="Deterministic CUDA backward for replication_pad1d/2d/3d",
+        files={CUDA + "ReplicationPadding.cu": t_replication},
+        bug=ISSUES + "95578", probe="determinism.replication_pad1d, determinism.replication_pad2d, determinism.replication_pad3d",
+        alert_test="ReplicationPad2d",
+        tests='test_nn.py -k "ReplicationPad or replication_pad"',
+        body="""\
+The replication_pad backward kernels add every output gradient into its
+clamped source element with atomicAdd; all padding positions of a border
+row race on one element, so results differ between runs, and under
+torch.use_deterministic_algorithms(True) the 1d, 2d and 3d backward
+raise.
+
+Under the flag (real types; complex keeps the alert), use a gather
+kernel: source(o) = clamp(o - pad_l, 0, I - 1), so input x receives
+[x + pad_l] inside and the whole run of padding positions at the two
+edges. One thread per grad_input element sums its range in ascending
+order and stores once. Without the flag the atomic kernel stays.
+
+H200: fp32 2.8x torch's time at 16x64x128x128 pad 3 (1.13x half), 3.2x
+for 1d, 1.6x for 3d (misses); 0.59x when a corner receives 65^2
+positions (fp16 there: 0.0005x, torch's half atomics serialise); error
+0.14-1.16x torch's.
+"""),
+    dict(
+        file="0208-deterministic-upsample-linear-backward.patch", pid="PT-0208",
+        subject="Deterministic CUDA backward for linear/bilinear/bicubic/trilinear interpolation",
+        files={CUDA + "UpSampleLinear1d.cu": t_linear1d, CUDA + "UpSampleBilinear2d.cu": t_bilinear2d,
+               CUDA + "UpSampleBicubic2d.cu": t_bicubic2d, CUDA + "UpSampleTrilinear3d.cu": t_trilinear3d},
+        bug=ISSUES + "68961",
+        probe=("determinism.interpolate_linear, determinism.interpolate_bilinear, "
+               "determinism.interpolate_bicubic, determinism.interpolate_trilinear"),
+        alert_test="interpolate_bilinear",
+        tests=('test_nn.py -k "upsamplingLinear1d or upsamplingBilinear2d or upsamplingBicubic2d '
+               'or upsamplingTrilinear3d or interpolate"'),
+        body="""\
+The backward of interpolate in linear, bilinear, bicubic and trilinear
+mode scatters each output gradient onto its 2, 4, 16 or 8 input taps with
+atomicAdd; neighbouring outputs share taps, so results differ between
+runs, and under torch.use_deterministic_algorithms(True) all four raise.
+
+Under the flag, use a gather path. A small kernel (one block per axis)
+evaluates, with the forward's arithmetic (area_pixel_compute_source_index,
+the A = -0.75 cubic coefficients, clamped taps), the taps and weights of
+every output position, and for every input position the range of
+outputs whose taps include it: the lowest and highest taps do not
+decrease with the output position, so the range is contiguous and found
+by binary search. One thread per grad_input element then sums
+grad_output * the weights of its matching taps over that range, axis by
+axis in ascending order, and stores once. As in the forward, equal input
+and output sizes copy. The antialiased bilinear/bicubic backward keep
+the alert. Without the flag the atomic kernels stay.
+
+H200 (torch 2.11 still raises for linear and bicubic): bicubic 8x32x64^2
+x2 0.61x torch's time (0.05x half), linear 0.09x, bilinear x2 1.9x fp32
+(0.9x half), bilinear 128^2 -> 50^2 3.3x, trilinear 16^3 x2 1.7x,
+extreme upsampling (4x4 -> 256^2) 3.0x (misses); error 0.01-1.06x
+torch's except bilinear 4x4 -> 256^2 fp32 (2.0x, both below 7e-4).
+"""),
+    dict(
+        file="0209-deterministic-max-pool3d-backward.patch", pid="PT-0209",
+        subject="Deterministic CUDA backward for max_pool3d",
+        files={CUDA + "DilatedMaxPool3d.cu": t_maxpool3d},
+        bug=ISSUES + "110698", probe="determinism.max_pool3d", alert_test="MaxPool3d",
+        tests='nn/test_pooling.py -k "max_pool3d or MaxPool3d or maxpool3d"',
+        body="""\
+max_pool3d_with_indices_backward_cuda routes each output gradient to its
+recorded argmax with atomicAdd; overlapping windows share argmaxes, so
+the result differs between runs, and under
+torch.use_deterministic_algorithms(True) the op raises.
+
+Under the flag, use an atomic-free kernel in the form of PT-0201:
+grad_input is zeroed; each output cell looks at the cells whose window
+can cover its argmax t (computed from t, the stride, padding and the
+dilated window extent), in ascending order. If an earlier one has the
+same argmax it does nothing; otherwise it sums grad_output over all
+cells with argmax t in that order and stores once. Contiguous and
+channels-last 3d (through contiguous copies). Without the flag the
+atomic kernel stays.
+
+H200: 8x32x32^3 k3 s2 p1 1.19x torch's time fp32 (0.60x half), k2 s2
+0.92x, small 0.64x, 125 outputs sharing an argmax 1.55x fp32 (0.34x
+half); error 0.09-1.0x torch's, 1.43x on one small fp32 case (a
+different summation order; both near one ulp).
+"""),
+    dict(
+        file="0210-deterministic-fractional-max-pool-backward.patch", pid="PT-0210",
+        subject="Deterministic CUDA backward for fractional_max_pool2d/3d",
+        files={CUDA + "FractionalMaxPool2d.cu": t_frac2d, CUDA + "FractionalMaxPool3d.cu": t_frac3d},
+        bug="none", probe="determinism.fractional_max_pool2d, determinism.fractional_max_pool3d",
+        alert_test="FractionalMaxPool2d",
+        tests='nn/test_pooling.py -k "fractional_max_pool or FractionalMaxPool"',
+        body="""\
+The fractional_max_pool2d/3d backward kernels route each output gradient
+to its argmax with atomicAdd. Pseudo-random windows overlap, so results
+differ between runs, and under torch.use_deterministic_algorithms(True)
+both raise.
+
+Window starts do not decrease and rise by at least 1 at each step but
+the last, so the cells that can share one argmax lie within pool size of
+each other. Under the flag:
+- 2d: the atomic-free form of PT-0209: each output cell scans that box
+  in ascending order; the first with a given argmax sums all of them and
+  stores once.
+- 3d: the box grows as (2k+1)^3, so 3d uses the deterministic
+  accumulation primitive instead: each contribution becomes a 64-bit
+  fixed-point integer (scale 2^(62 - e - L) from the largest finite
+  |gradient| < 2^e, found on the device, and L = ceil(log2 of the windows
+  that can cover one element), so no sum can overflow) and is added with
+  an integer atomicAdd, which is associative: the same bits in any
+  order. A conversion pass writes the values; inf/NaN are added
+  separately, which is order-independent too. Half and bfloat16 sums are
+  exact up to one final rounding.
+The pool size is now passed to the 3d template (it bounds L). Without
+the flag the atomic kernels stay.
+
+H200: 2d 16x64x64^2 k3 -> 40^2 2.9x torch's time fp32 (1.4x half),
+small 0.66x; 3d 4x32x24^3 k2 -> 16^3 1.3-1.4x (misses); error
+0.36-1.0x torch's.
+"""),
+    dict(
+        file="0211-deterministic-max-unpool-forward.patch", pid="PT-0211",
+        subject="Deterministic CUDA max_unpool2d/3d with duplicate indices",
+        files={CUDA + "MaxUnpooling.cu": t_unpool},
+        bug="none", probe="determinism.max_unpool2d, determinism.max_unpool3d", alert_test="MaxUnpool2d",
+        tests='nn/test_pooling.py -k "MaxUnpool or max_unpool"',
+        body="""\
+max_unpool2d/3d write output[indices[i]] = input[i] from many threads.
+Indices that repeat (pooling with overlapping windows) are a write
+conflict whose winner changes between runs, and under
+torch.use_deterministic_algorithms(True) both forwards raise.
+
+Under the flag (floating types), define the winner as the CPU kernel
+does when one thread visits the inputs in order: the largest input
+position. One integer atomicMax per input records the winning position
+of each output cell (a maximum does not depend on order), then every
+output cell is written once from its winner, or 0. max_unpool1d goes
+through max_unpool2d. Without the flag the racing kernels stay.
+
+H200: bitwise equal to the single-threaded CPU result in every case
+(torch's CUDA kernel is not, with duplicates); time 0.80-0.92x torch's,
+1.35x fp32 at 16x64x64x64 (no duplicates).
+"""),
+]
+
+
+def make_one(tree, scratch, spec, out_dir):
+    import shutil
+    repo = os.path.join(scratch, "repo")
+    if os.path.exists(repo):
+        shutil.rmtree(repo)
+    shutil.copytree(tree, repo, symlinks=True)
+    mp.git(repo, "init", "-q")
+    mp.git(repo, "add", "--force", "-A")
+    mp.git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
+    for rel, transform in spec["files"].items():
+        path = os.path.join(repo, rel)
+        with open(path) as f:
+            src = f.read()
+        with open(path, "w") as f:
+            f.write(transform(src))
+        mp.git(repo, "add", "--force", rel)
+    message = (spec["subject"] + "\n\n" + spec["body"] + "\n" +
+               COMMON_TAIL.format(ev=EVIDENCE, alert_test=spec["alert_test"]) +
+               trailers(spec["pid"], spec["bug"], "none", spec["probe"], spec["tests"]))
+    msg_file = os.path.join(scratch, "msg")
+    with open(msg_file, "w") as f:
+        f.write(message)
+    mp.git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
+    patch = mp.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                   "--full-index", "HEAD")
+    out_path = os.path.join(out_dir, spec["file"])
+    with open(out_path, "wb") as f:
+        f.write(patch)
+    import subprocess
+    subprocess.run(["git", "apply", "--check", os.path.abspath(out_path)], cwd=tree, check=True)
+    print("wrote", out_path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
+    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
+    ap.add_argument("--only", default="", help="comma-separated patch ids")
+    args = ap.parse_args()
+    tree = os.path.abspath(args.tree)
+    only = {p for p in args.only.split(",") if p}
+    with tempfile.TemporaryDirectory(prefix="detbw17-patches-", dir="/tmp") as scratch:
+        for spec in PATCHES:
+            if not only or spec["pid"] in only:
+                make_one(tree, scratch, spec, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
