@@ -133,10 +133,11 @@ def test_image_that_is_not_here(docker_client, no_probe_containers):
 
 @pytest.mark.docker
 def test_container_removed_when_the_probe_times_out(bullseye_torch_image, no_probe_containers):
-    result = run_patcher("probe", "--image", bullseye_torch_image.tag, "--timeout", "2", timeout=600)
+    # half a second: less than the container needs to start Python and import torch
+    result = run_patcher("probe", "--image", bullseye_torch_image.tag, "--timeout", "0.5", timeout=600)
     assert result.exit_code == 55, result.stderr
     assert result.stderr.strip().startswith(f"patcher: error: the probe in image {bullseye_torch_image.tag} "
-                                            "ran past 2 s and was stopped")
+                                            "ran past 0.5 s and was stopped")
 
 
 @pytest.fixture
@@ -151,5 +152,6 @@ def no_probe_containers(docker_client):
 def test_docker_engine_unreachable():
     result = run_patcher("probe", "--image", "anything", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert result.exit_code == 40
-    assert result.stderr.startswith("patcher: error: the Docker engine is not reachable: ")
+    assert result.stderr.startswith("patcher: error: the Docker engine at unix:///nonexistent/docker.sock is not "
+                                    "reachable: ")
     assert result.stderr.count("\n") == 1
