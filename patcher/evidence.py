@@ -251,6 +251,9 @@ def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[
                     "dockerfileSha256": record.dockerfile_sha256,
                     "imageId": record.image_id,
                     "toolchain": dict(record.toolchain),
+                    # patches whose probe checks could not run on this build, and why
+                    "unprovenPatches": [{"id": u.id, "checks": list(u.checks), "reason": u.reason}
+                                        for u in record.unproven_patches],
                 },
                 "resolvedDependencies": resolved_dependencies(spec, record, inventory),
             },

@@ -43,6 +43,7 @@ from patcher import __version__, imagescan
 from patcher.errors import EvidenceFormatError, ImageScanError
 from patcher.record import BuildRecord
 from patcher.spec import BuildSpec
+from patcher.util import sha256_file
 
 INVENTORY_FILE = "image-inventory.json"
 INVENTORY_SCHEMA = 1
@@ -87,14 +88,6 @@ class WheelElf:
     soname: str | None
     needed: tuple[str, ...]
     runpath: str | None
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def wheel_elves(wheel: Path) -> list[WheelElf]:
@@ -262,7 +255,7 @@ def gather_inventory(wheel: Path, image: str, engine: Any = None) -> Inventory:
     elves = wheel_elves(wheel)
     elf_class, machine = _wheel_arch(elves)
     scan, image_id = scan_image(image, external_sonames(elves), elf_class, machine, engine=engine)
-    return Inventory(image=image, image_id=image_id, wheel=wheel.name, wheel_sha256=_sha256_file(wheel), scan=scan)
+    return Inventory(image=image, image_id=image_id, wheel=wheel.name, wheel_sha256=sha256_file(wheel), scan=scan)
 
 
 def save_inventory(inventory: Inventory, directory: Path) -> Path:

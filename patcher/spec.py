@@ -139,15 +139,67 @@ class BuildSpec:
 
 
 # --------------------------------------------------------------------------------------------
+# The shape every reader of the matrix relies on: table -> required key -> type.
+_STR, _INT, _STRS, _INTS, _TABLE = "a string", "an integer", "a list of strings", "a list of integers", "a table"
+MATRIX_SHAPE = {
+    "torch": {"tag": _STR, "repo": _STR, "pythons": _STRS, "default_python": _STR, "gcc_min": _INT,
+              "gcc_max": _INT, "default_gcc": _INT, "image": _STR},
+    "images": {"ref": _STR, "family": _STR, "codename": _STR, "pythons": _STRS, "gcc": _INTS},
+    "cuda": {"version": _STR, "runfile": _STR, "url": _STR, "sha256": _STR, "max_gcc": _INT, "max_compute": _STR,
+             "default_arch_list": _STR},
+    "cudnn": {"version": _STR, "archive": _STR, "url": _STR, "sha256": _STR},
+}
+
+
+def _is(value: Any, kind: str) -> bool:
+    return {_STR: lambda v: isinstance(v, str), _INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            _STRS: lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+            _INTS: lambda v: isinstance(v, list) and all(isinstance(x, int) for x in v),
+            _TABLE: lambda v: isinstance(v, dict)}[kind](value)
+
+
+def check_matrix_shape(m: dict[str, Any], path: Path) -> None:
+    """Refuse a matrix that lacks a table or key the readers need, or has a value of another
+    type, naming the first place (``torch."1.13.1".pythons must be a list of strings``)."""
+    def bad(where: str, what: str) -> MatrixFormatError:
+        return MatrixFormatError(f"matrix file {path} is malformed: {where} {what}",
+                                 hint="compare it with patcher/data/matrix.toml")
+
+    for table, keys in MATRIX_SHAPE.items():
+        entries = m.get(table, {} if table in ("cuda", "cudnn") else None)
+        if not _is(entries, _TABLE):
+            raise bad(table, "must be a table")
+        for name, entry in entries.items():
+            where = f'{table}."{name}"'
+            if not _is(entry, _TABLE):
+                raise bad(where, "must be a table")
+            for key, kind in keys.items():
+                if key not in entry:
+                    raise bad(where, f"lacks the key {key!r}")
+                if not _is(entry[key], kind):
+                    raise bad(f"{where}.{key}", f"must be {kind}")
+    for name, rel in m["torch"].items():
+        if rel["image"] not in m["images"]:
+            raise bad(f'torch."{name}".image', f"names the image {rel['image']!r}, which images does not define")
+        cuda = rel.get("cuda", {})
+        if not _is(cuda, _TABLE):
+            raise bad(f'torch."{name}".cuda', "must be a table")
+        for version, cudnn in cuda.items():
+            if version not in m.get("cuda", {}) or cudnn not in m.get("cudnn", {}):
+                raise bad(f'torch."{name}".cuda."{version}"', "names a CUDA or cuDNN the matrix does not define")
+
+
 def load_matrix(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        matrix = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"matrix file {path} does not exist", hint="check PATCHER_MATRIX") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"matrix file {path} is not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"matrix file {path} cannot be read: {exc.strerror}") from None
+    check_matrix_shape(matrix, Path(path))
+    return matrix
 
 
 def _version_key(v: str) -> tuple[int, ...]:

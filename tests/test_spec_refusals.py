@@ -70,3 +70,40 @@ def test_accepted_neighbours_of_the_refusals(patcher_cli):
 def test_options_without_torch_are_a_usage_error(patcher_cli):
     res = patcher_cli("matrix", "--cuda", "10.1")
     assert res.exit_code == 2 and "need --torch" in res.stderr
+
+
+# --- a malformed matrix: one line, its own exit code, for every command that reads it -----------
+@pytest.mark.parametrize("damage", ["no image key", "image not a table", "pythons not a list"])
+@pytest.mark.parametrize("command", [["matrix", "--torch", "1.13.1", "--cuda", "none"], ["matrix"],
+                                     ["build", "--torch", "1.13.1", "--cuda", "none", "--until", "resolve"]])
+def test_a_malformed_matrix_is_one_line_with_its_exit_code(patcher_cli, tmp_path, damage, command):
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    import tomli_w
+
+    from patcher.config import DEFAULT_MATRIX
+    from patcher.errors import MatrixFormatError
+
+    matrix = tomllib.loads(DEFAULT_MATRIX.read_text())
+    release = matrix["torch"]["1.13.1"]
+    if damage == "no image key":
+        del release["image"]
+    elif damage == "image not a table":
+        matrix["images"][release["image"]] = "debian"
+    else:
+        release["pythons"] = 3.9
+    path = tmp_path / "matrix.toml"
+    path.write_text(tomli_w.dumps(matrix))
+    res = patcher_cli("--matrix", path, *command, "--work" if command[0] == "build" else "--json",
+                      *([tmp_path / "work"] if command[0] == "build" else []), cwd=tmp_path)
+    assert res.exit_code == MatrixFormatError.exit_code, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"patcher: error: matrix file {path} is malformed: "), res.stderr
+    if damage == "no image key":
+        assert "lacks the key 'image'" in lines[-1]
+    assert not (tmp_path / "work").exists() or not list((tmp_path / "work").rglob("record.json"))
