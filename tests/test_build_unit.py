@@ -249,3 +249,48 @@ def test_matrix_pins_pocketfft_for_1131():
     assert art.dest == "third_party/pocketfft/pocketfft_hdronly.h"
     assert art.member == "numpy-2.0.0/numpy/fft/pocketfft/pocketfft_hdronly.h"
     assert spec.unpinned_inputs() == []
+
+
+# --- a patch whose proof was skipped is named, with why ---------------------------------------------
+def _report(checks: list[dict]):
+    from patcher.probing import ProbeReport
+
+    return ProbeReport.from_json({
+        "schema": 1, "probe_version": "1", "started": "2026-12-01T00:00:00Z", "duration_s": 1.0, "environment": {},
+        "patched_ids": [], "passed": True, "summary": {"pass": 1, "fail": 0, "skip": 2, "error": 0},
+        "checks": [{"required": False, "duration_s": 0.1, "patches": [], **c} for c in checks]})
+
+
+def test_patches_whose_checks_all_skipped_are_unproven_with_the_reason():
+    from patcher.probing import unproven_patches
+
+    report = _report([
+        {"id": "security.cve_2025_3730", "status": "pass", "message": "refused"},
+        {"id": "determinism.adaptive_max_pool2d", "status": "skip", "message": "needs CUDA (none available)"},
+        {"id": "security.cve_2025_2953", "status": "skip", "message": "oneDNN is not built into this torch"},
+    ])
+    probes = {"PT-0102": ("security.cve_2025_3730",), "PT-0201": ("determinism.adaptive_max_pool2d",),
+              "PT-0103": ("security.cve_2025_2953",), "PT-0999": ("security.not_in_this_probe",)}
+    found = {u.id: u for u in unproven_patches(report, probes, gpus_requested=False)}
+    assert set(found) == {"PT-0201", "PT-0103", "PT-0999"}  # PT-0102 was proven
+    assert found["PT-0201"].line() == ("PT-0201: not proven on this build: no GPU in the probe container "
+                                       "(needs CUDA (none available))")
+    assert found["PT-0103"].reason == "oneDNN is not built into this torch"
+    assert found["PT-0999"].reason == "check(s) security.not_in_this_probe not in this probe"
+    with_gpus = {u.id: u for u in unproven_patches(report, probes, gpus_requested=True)}
+    assert with_gpus["PT-0201"].reason == "needs CUDA (none available)"
+
+
+def test_the_provenance_names_the_unproven_patches(certified_bundle):
+    from dataclasses import replace
+
+    from patcher.evidence import build_statement
+    from patcher.record import UnprovenPatch, load_record
+    from patcher.spec import BuildSpec
+
+    record = load_record(certified_bundle.record)
+    record = replace(record, unproven_patches=(UnprovenPatch("PT-0001", ("maxpool2d.nhwc_large_channels",),
+                                                             "no GPU in the probe container"),))
+    statement = build_statement(record, BuildSpec.from_json(record.spec), [])
+    assert statement["predicate"]["buildDefinition"]["internalParameters"]["unprovenPatches"] == [
+        {"id": "PT-0001", "checks": ["maxpool2d.nhwc_large_channels"], "reason": "no GPU in the probe container"}]
