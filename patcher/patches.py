@@ -9,6 +9,13 @@ check ids) and ``Upstream-Tests`` (upstream's own tests that exercise the patche
 node ids or ``FILE -k "EXPR"`` selections relative to the tree's ``test/``).  Every patch is parsed and validated before any tree is touched; each kind of
 damage has its own message.
 
+A patch may only change the text of regular files of the tree, create regular files (mode
+100644) and delete regular files; every other change git can express (modes, symbolic links,
+submodules, renames and copies, binary content, paths outside the tree's own files, and anything
+git am would read differently from this parser) is refused with ``HostilePatchError`` (exit 34)
+before any tree is touched: by the model where the patch text alone shows it, by
+``check_series`` where it takes the tree or git's own reading (patches/README.md lists them).
+
 Applying is exact: every hunk's old lines must be found at the line its header names (no fuzz,
 no offsets).  That check is our own, over the blobs of HEAD with the earlier patches applied in
 memory, so a failure names the file, the hunk and the first differing line.  Only a series that
@@ -554,7 +561,7 @@ _EXTENDED_HEADERS = ("old mode ", "new mode ", "deleted file mode ", "new file m
                      "dissimilarity index ", "rename from ", "rename to ", "copy from ", "copy to ", "index ")
 _INDEX_LINE_RE = re.compile(r"^index [0-9a-f]+\.\.[0-9a-f]+(?: (\d+))?$")
 # Lines that make git apply start reading a patch: none may stand outside the diff sections.
-_PATCH_START_RE = re.compile(r"^(diff |--- |\+\+\+ |@@ |Index: |GIT binary patch$|Binary files )")
+_PATCH_START_RE = re.compile(r"^(diff -|--- |\+\+\+ |@@ |Index: |GIT binary patch$|Binary files )")
 
 
 def path_problem(path: str) -> str | None:

@@ -30,6 +30,7 @@ How it runs:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -544,8 +545,11 @@ def run_upstream_tests(tree: Path, python: str, series: Series | None, wheelhous
     temporary directory is removed afterwards).
     """
     chosen = tuple(selections) if selections is not None else plan(series, smoke)
-    with tempfile.TemporaryDirectory(prefix="patcher-upstream-", dir=work_dir) as tmp:
-        base = Path(work_dir) / f"upstream-{int(time.time())}" if work_dir else Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="patcher-upstream-")))
+        else:
+            base = Path(tempfile.mkdtemp(prefix="upstream-tests-", dir=work_dir))
         payload = prepare_payload(tree, chosen, wheelhouse, base / "patched", requirements, timeout_s)
         report = run_payload(payload, python, env=env)
         if baseline_python and (report.failures or report.selection_errors):
@@ -553,6 +557,40 @@ def run_upstream_tests(tree: Path, python: str, series: Series | None, wheelhous
                                     requirements, timeout_s)
             report = report.with_baseline(run_payload(again, baseline_python, env=env))
     return report
+
+
+def check_selections(tree: Path, selections: Sequence[Selection]) -> list[str]:
+    """What a tree's test/ lacks for ``selections``, found without running anything: a missing
+    file, or a node id whose class or function the file does not define (-k expressions are only
+    checked for their file).  Empty when every selection can be collected."""
+    import ast
+
+    problems = []
+    for sel in selections:
+        path = Path(tree) / "test" / sel.test.file
+        if not path.is_file():
+            problems.append(f"{sel.test}: test/{sel.test.file} does not exist ({', '.join(sel.patches)})")
+            continue
+        if not sel.test.node:
+            continue
+        try:
+            module = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        except SyntaxError:
+            continue  # the target's interpreter judges that
+        names = sel.test.node
+        scope: list[ast.stmt] = module.body
+        for depth, name in enumerate(names):
+            bare = name.split("[", 1)[0]
+            found = next((n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                          and n.name == bare), None)
+            if found is None:
+                # imported classes (test_jit.py imports its jit/ tests) and generated tests cannot
+                # be seen here: only a missing first name in a file that neither imports nor makes it
+                if depth == 0 and bare not in path.read_text(encoding="utf-8", errors="replace"):
+                    problems.append(f"{sel.test}: test/{sel.test.file} has no {bare} ({', '.join(sel.patches)})")
+                break
+            scope = getattr(found, "body", [])
+    return problems
 
 
 def container_payload(tree: Path, series: Series | None, wheelhouse: Path, dest: Path, *, smoke: bool = True,

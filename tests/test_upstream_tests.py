@@ -311,3 +311,13 @@ def test_plan_unions_the_series_and_the_smoke_selection():
     lite = next(s for s in chosen if s.test.file == "mobile/test_lite_script_module.py")
     assert lite.patches == ("PT-0104", "PT-0105")
     assert [s.id for s in chosen] == [f"s{i:02d}" for i in range(1, len(chosen) + 1)]
+
+
+def test_check_selections_finds_what_a_tree_lacks(demo_tree):
+    tree, _ = demo_tree
+    tests = patches.parse_upstream_tests('test_demo.py::TestDemo::test_pass, test_demo.py::TestGone::test_x, '
+                                         'test_gone.py -k "x", test_demo.py -k "anything"')
+    chosen = ut.plan(None, smoke=False, extra=[("PT-0001", t) for t in tests])
+    assert ut.check_selections(tree, chosen) == [
+        "test_demo.py::TestGone::test_x: test/test_demo.py has no TestGone (PT-0001)",
+        'test_gone.py -k "x": test/test_gone.py does not exist (PT-0001)']
