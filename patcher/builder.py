@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,6 +75,7 @@ class BuildOptions:
     probe_image: str | None = None  # None: the builder image
     probe_wheelhouse: str | None = None  # wheels of the wheel's dependencies (offline install)
     gpus: str = "auto"  # for the probe container: auto | all | none
+    upstream_tests: bool = False  # run upstream's tests (the series' Upstream-Tests + smoke) in the probe stage
 
 
 @dataclass(frozen=True)
@@ -337,26 +339,44 @@ def stage_probe(b: Build) -> tuple[ProbeOutcome, str]:
     series = patches.load_series(b.settings.patches_dir, b.spec.torch)
     b.progress.log(f"probing {wheel.name} in {'the builder image ' if in_builder else ''}{image}\n")
     options = probing.ProbeOptions(patched_ids=tuple(series.ids))
-    # The builder image's Python with its own modules (Debian's, or the build venv's) is the
-    # wheel's natural environment; another image brings its own.
-    run = probing.probe_wheel_in_image(
-        wheel, image, options, python=f"python{b.spec.python}" if in_builder else "python3",
-        wheelhouse=b.options.probe_wheelhouse, gpus=b.options.gpus, engine=b.engine,
-        system_site_packages=in_builder,
-        labels={LABEL_BUILD: b.spec.build_id, LABEL_STAGE: "probe", LABEL_WORK_DIR: str(b.dir)})
+    with tempfile.TemporaryDirectory(prefix=".upstream-tests-", dir=b.dir) as temp:
+        upstream = _upstream_payload(b, series, Path(temp) / "payload") if b.options.upstream_tests else None
+        # The builder image's Python with its own modules (Debian's, or the build venv's) is the
+        # wheel's natural environment; another image brings its own.
+        run = probing.probe_wheel_in_image(
+            wheel, image, options, python=f"python{b.spec.python}" if in_builder else "python3",
+            wheelhouse=b.options.probe_wheelhouse, gpus=b.options.gpus, engine=b.engine,
+            system_site_packages=in_builder, upstream=upstream,
+            labels={LABEL_BUILD: b.spec.build_id, LABEL_STAGE: "probe", LABEL_WORK_DIR: str(b.dir)})
     unproven = probing.unproven_patches(run.report, {p.id: p.probes for p in series.patches}, run.gpus_requested)
     path = wheel.with_name(wheel.name + PROBE_SUFFIX)
-    data = run.report.to_json()
+    data = run.report_json()
     data["unproven_patches"] = [{"id": u.id, "checks": list(u.checks), "reason": u.reason} for u in unproven]
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
     for item in unproven:
         b.progress.note(item.line())
-    run.report.raise_if_failed()
+    probing.ProbeReport.from_json(data).raise_if_failed()
     counts = run.report.summary
     detail = f"{counts['pass']} pass, {counts['skip']} skip, {counts['fail'] + counts['error']} fail"
     if unproven:
         detail += f"; not proven on this build: {', '.join(u.id for u in unproven)}"
     return ProbeOutcome(str(path.relative_to(b.dir)), unproven), detail
+
+
+def _upstream_payload(b: Build, series, dest: Path):
+    """Upstream's tests of the fetched tree for the probe container: the series' Upstream-Tests
+    and those smoke selections the tree has (a stand-in tree has no test_nn.py)."""
+    from patcher import upstream_tests
+
+    wheelhouse = Path(b.settings.cache_dir) / "upstream-tests-wheelhouse"
+    upstream_tests.build_wheelhouse(wheelhouse, index_url=b.settings.pypi_base())
+    chosen = upstream_tests.plan(series, smoke=True)
+    absent = [s for s in chosen if s.patches == (upstream_tests.SMOKE_ID,)
+              and not (b.workdir.tree / "test" / s.test.file).is_file()]
+    for selection in absent:
+        b.progress.note(f"upstream smoke selection {selection.test} left out: the tree has no test/{selection.test.file}")
+    selections = [s for s in chosen if s not in absent]
+    return upstream_tests.container_payload(b.workdir.tree, series, wheelhouse, dest, selections=selections)
 
 
 def stage_certify(b: Build) -> tuple[CertifyOutcome, str]:

@@ -299,17 +299,27 @@ def probe_wheel(wheel: str | os.PathLike, options: ProbeOptions | None = None, *
 
 
 # --- a container ------------------------------------------------------------------------------
+UPSTREAM_DIR = f"{CONTAINER_DIR}/upstream"  # upstream's tests (patcher.upstream_tests), when asked for
+
+
 @dataclass(frozen=True)
 class ImageProbe:
     report: ProbeReport
     gpus_requested: bool  # whether the container was given the engine's GPUs
+    upstream: Any = None  # patcher.upstream_tests.UpstreamTestReport, when upstream's tests ran
+
+    def report_json(self) -> dict[str, Any]:
+        """The report as written: with upstream's tests merged in (their checks decide too)."""
+        data = self.report.to_json()
+        return self.upstream.merge_into(data) if self.upstream is not None else data
 
 
 def _run_container(engine, image: str, script: str, payload: dict[str, bytes | Path], options: ProbeOptions,
-                   gpus: str, target: str, labels: dict[str, str] | None = None) -> tuple[int, str, str | None, bool]:
+                   gpus: str, target: str, labels: dict[str, str] | None = None,
+                   read_back: str | None = None) -> tuple[int, str, str | None, bool, str | None]:
     """Run ``script`` (sh) in a fresh container of ``image`` as the image's own user, the payload
     under CONTAINER_DIR owned by that user, no network; the container is removed in every case.
-    Returns (exit status, log, report text, whether GPUs were requested)."""
+    Returns (exit status, log, report text, whether GPUs were requested, the text of ``read_back``)."""
     from patcher.container import Container, ContainerConfig, ContainerError, ContainerTimeout
 
     try:
@@ -329,7 +339,8 @@ def _run_container(engine, image: str, script: str, payload: dict[str, bytes | P
             if status in (EXIT_PASSED, EXIT_FAILED):
                 data = container.read_file(f"{CONTAINER_DIR}/report.json")
                 report = data.decode("utf-8") if data is not None else None
-            return status, log, report, container.gpus_requested
+            extra = container.read_file(read_back) if read_back else None
+            return status, log, report, container.gpus_requested, extra.decode("utf-8") if extra else None
     except ContainerTimeout:
         raise ProbeTimeoutError(f"the probe in {target} ran past {options.timeout:g} s and was stopped",
                                 hint="raise --timeout or narrow the run with --only/--budget") from None
@@ -347,9 +358,11 @@ def _probe_payload(extra: dict[str, Path] | None = None) -> dict[str, bytes | Pa
     return files
 
 
-def _probe_command(python: str, options: ProbeOptions) -> str:
+def _probe_command(python: str, options: ProbeOptions, then: bool = False) -> str:
+    """The probe's command line; ``then``: something runs after it (no exec)."""
     args = options.probe_args(f"{CONTAINER_DIR}/report.json")
-    return f"cd {CONTAINER_DIR} && exec {shlex.quote(python)} " + " ".join(shlex.quote(a) for a in args)
+    return (f"cd {CONTAINER_DIR} && {'' if then else 'exec '}{shlex.quote(python)} "
+            + " ".join(shlex.quote(a) for a in args))
 
 
 def _engine(engine, docker_host: str | None):
@@ -365,8 +378,8 @@ def probe_image(image: str, options: ProbeOptions | None = None, *, python: str 
     target = f"image {image}"
     script = (f"command -v {shlex.quote(python)} >/dev/null || {{ echo 'probe: no {python} in the image' >&2; "
               f"exit 127; }}; " + _probe_command(python, options))
-    status, log, report, with_gpus = _run_container(_engine(engine, docker_host), image, script, _probe_payload(),
-                                                    options, gpus, target)
+    status, log, report, with_gpus, _ = _run_container(_engine(engine, docker_host), image, script,
+                                                       _probe_payload(), options, gpus, target)
     if status == 127:
         raise ProbeTargetError(f"{target} has no {python}", hint="probe an image that has Python and torch")
     return ImageProbe(_report_from_run(status, log, report, target), with_gpus)
@@ -375,11 +388,14 @@ def probe_image(image: str, options: ProbeOptions | None = None, *, python: str 
 def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOptions | None = None, *,
                          python: str = "python3", wheelhouse: str | os.PathLike | None = None,
                          gpus: str = "auto", engine=None, docker_host: str | None = None,
-                         system_site_packages: bool = False, labels: dict[str, str] | None = None) -> ImageProbe:
+                         system_site_packages: bool = False, labels: dict[str, str] | None = None,
+                         upstream=None) -> ImageProbe:
     """Install ``wheel`` offline into a clean venv inside a fresh container of ``image``, probe it.
 
     ``system_site_packages``: the venv sees the image's own modules, so the wheel's dependencies
-    may come from there (the builder image has them: it built the wheel)."""
+    may come from there (the builder image has them: it built the wheel).  ``upstream``: a
+    payload of patcher.upstream_tests, run after the probe with the venv's Python in the same
+    container (upstream's tests against the installed wheel)."""
     options = options or ProbeOptions()
     path = _check_wheel(wheel)
     sources = _wheel_sources(path, wheelhouse)
@@ -393,17 +409,34 @@ def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOpt
     flags = " --system-site-packages" if system_site_packages else ""
     script = (f"{shlex.quote(python)} -m venv{flags} {venv} || exit {EXIT_NO_VENV}; "
               f"{venv}/bin/python {pip} || exit {EXIT_PIP_FAILED}; "
-              + _probe_command(f"{venv}/bin/python", options))
+              + _probe_command(f"{venv}/bin/python", options, then=upstream is not None))
+    if upstream is not None:
+        # The probe's own status is the container's; the runner writes its result beside it.
+        runner = " ".join(shlex.quote(a) for a in upstream.command(f"{venv}/bin/python", UPSTREAM_DIR))
+        script += (f"; status=$?; cd {UPSTREAM_DIR} && env -u PYTHONPATH {runner} > {UPSTREAM_DIR}/runner.log 2>&1; "
+                   "exit $status")
+        extra.update({f"upstream/{path.relative_to(upstream.root).as_posix()}": path
+                      for path in sorted(upstream.root.rglob("*")) if path.is_file() and not path.is_symlink()})
     target = f"a venv in image {image}"
-    status, log, report, with_gpus = _run_container(_engine(engine, docker_host), image, script,
-                                                    _probe_payload(extra), options, gpus, target, labels)
+    read_back = f"{UPSTREAM_DIR}/{upstream.result_name}" if upstream is not None else None
+    status, log, report, with_gpus, upstream_text = _run_container(
+        _engine(engine, docker_host), image, script, _probe_payload(extra), options, gpus, target, labels, read_back)
     if status == EXIT_NO_VENV:
         raise WheelInstallError(f"cannot create a venv with {python} in image {image}: {_last_line(log)}",
                                 hint=f"the image needs {python}'s venv module (Debian: python3-venv)")
     if status == EXIT_PIP_FAILED:
         raise WheelInstallError(f"pip could not install {path.name} offline in image {image}: {_last_line(log)}",
                                 hint="the wheel must suit the image's Python; pass --wheelhouse for dependencies")
-    return ImageProbe(_report_from_run(status, log, report, target), with_gpus)
+    probed = _report_from_run(status, log, report, target)
+    ran_upstream = None
+    if upstream is not None:
+        if upstream_text is None:
+            from patcher.errors import UpstreamTestsSetupError
+
+            raise UpstreamTestsSetupError(f"upstream's tests wrote no result in {target}",
+                                          hint="the runner's log is runner.log in the payload; it needs Python >= 3.6")
+        ran_upstream = upstream.read_result(f"{venv}/bin/python in image {image}", upstream_text)
+    return ImageProbe(probed, with_gpus, ran_upstream)
 
 
 # --- what the report proves of a series ------------------------------------------------------------

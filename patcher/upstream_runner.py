@@ -124,7 +124,7 @@ def install(wheels, wheel_dir, site_dir):
 def _torch_info(env, cwd):
     code = ("import json, torch\n"
             "print(json.dumps({'version': torch.__version__, 'file': torch.__file__,"
-            " 'cuda': bool(torch.cuda.is_available())}))\n")
+            " 'cuda': bool(getattr(torch, 'cuda', None) and torch.cuda.is_available())}))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, universal_newlines=True)
     out, err = proc.communicate()

@@ -364,6 +364,9 @@ class UpstreamTestReport:
                             "failures": [asdict(n) for n in failing], "known_failures": [asdict(n) for n in known]},
                 "patches": [] if owner == SMOKE_ID else [owner],
                 "duration_s": round(sum(s.duration_s for s in sels), 3), "finding": False})
+        if self.error and not checks:  # the run itself failed before any selection: never a silent pass
+            checks.append({"id": "upstream.run", "status": "error", "required": True, "message": self.error,
+                           "details": {}, "patches": [], "duration_s": round(self.duration_s, 3), "finding": False})
         return checks
 
     def merge_into(self, probe_report: dict[str, Any]) -> dict[str, Any]:

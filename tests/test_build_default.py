@@ -147,3 +147,22 @@ def test_an_edited_patch_refetches_and_repatches(standin_factory, tmp_path, patc
     assert record["patches"][0]["sha256"] == hashlib.sha256(patch.read_bytes()).hexdigest()
     assert os.path.isdir(work / variant.build_id / "source")
     shutil.rmtree(work)
+
+
+def test_upstream_tests_run_in_the_probe_stage_against_the_installed_wheel(standin, tmp_path, patcher_cli,
+                                                                          no_leaks, ccache_volume_name):
+    work = tmp_path / "work"
+    env = dict(standin.env, HOME=str(tmp_path / "home"), PATCHER_CACHE_DIR=str(tmp_path / "cache"))
+    res = patcher_cli(*standin.build_args(work, "--ccache-volume", ccache_volume_name, "--until", "probe",
+                                          "--upstream-tests"), env=env)
+    assert res.exit_code == 0, res.stderr
+    assert "upstream smoke selection" in res.stderr  # the stand-in has no test_nn.py: said, not hidden
+    build_dir = work / standin.build_id
+    record = json.loads((build_dir / "record.json").read_text())
+    report = json.loads((build_dir / record["probe_report"]).read_text())
+    by_id = {c["id"]: c for c in report["checks"]}
+    assert by_id["upstream.PT-0090"]["status"] == "pass" and by_id["upstream.PT-0090"]["required"] is True
+    nodes = {n["node"]: n["outcome"] for n in report["upstream_tests"]["nodes"]}
+    assert nodes == {"test_ops.py::test_add": "passed"}
+    assert report["upstream_tests"]["torch_version"] == "1.4.0+cpu.pt1"
+    assert not list(build_dir.glob(".upstream-tests-*"))  # the payload went with the stage

@@ -155,3 +155,13 @@ def test_docker_engine_unreachable():
     assert result.stderr.startswith("patcher: error: the Docker engine at unix:///nonexistent/docker.sock is not "
                                     "reachable: ")
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--python", "python3", "--upstream-tests"], "--upstream-tests needs --source TREE"),
+    (["--image", "anything", "--upstream-tests", "--source", "."], "a target of --python, or --wheel with --image"),
+    (["--python", "python3", "--source", "."], "go with --upstream-tests"),
+])
+def test_upstream_tests_flags_are_checked_before_anything_runs(args, fragment):
+    result = run_patcher("probe", *args)
+    assert result.exit_code == 2 and fragment in result.stderr and "Traceback" not in result.stderr

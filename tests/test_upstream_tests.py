@@ -321,3 +321,15 @@ def test_check_selections_finds_what_a_tree_lacks(demo_tree):
     assert ut.check_selections(tree, chosen) == [
         "test_demo.py::TestGone::test_x: test/test_demo.py has no TestGone (PT-0001)",
         'test_gone.py -k "x": test/test_gone.py does not exist (PT-0001)']
+
+
+def test_a_run_that_failed_before_any_selection_is_an_error_check_not_a_pass():
+    from patcher.upstream_tests import UpstreamTestReport
+
+    report = UpstreamTestReport(tree="t", python="python3", python_version="3.9.2", torch_version=None,
+                                torch_file=None, duration_s=0.5, wheels=(), selections=(), nodes=(),
+                                error="the target cannot import torch: ImportError: nope")
+    checks = report.probe_checks()
+    assert [(c["id"], c["status"], c["required"]) for c in checks] == [("upstream.run", "error", True)]
+    merged = report.merge_into({"schema": 1, "checks": [], "summary": {}, "passed": True})
+    assert merged["passed"] is False and merged["summary"]["error"] == 1

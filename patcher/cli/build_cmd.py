@@ -35,12 +35,15 @@ from patcher.cli.common import echo_json, load_settings
 @click.option("--probe-image", help="Image to probe the wheel in (default: the builder image).")
 @click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
               help="The engine's GPUs for the probe container (auto: all of them when the engine has a GPU runtime).")
+@click.option("--upstream-tests", is_flag=True,
+              help="In the probe stage, also run upstream's own tests from the fetched tree against the installed "
+                   "wheel: every patch's Upstream-Tests plus a smoke selection (pytest from a pinned wheelhouse).")
 @click.option("--probe-wheelhouse", type=click.Path(exists=True, file_okay=False),
               help="Folder of wheels the wheel's dependencies are installed from when probing (offline).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir, docker_host, git_mirror, until,
-                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, gpus, probe_wheelhouse,
-                  as_json) -> None:
+                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, gpus, upstream_tests,
+                  probe_wheelhouse, as_json) -> None:
     """Build a wheel: resolve, fetch, patch, render, image, configure, wheel, probe, certify.
 
     \b
@@ -53,7 +56,7 @@ def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir
     options = BuildOptions(torch=torch_version, cuda=cuda, python=python_version, arch=arch, gcc=gcc, jobs=jobs,
                            until=until, resume=resume, fresh=fresh, check_reproducible=check_reproducible,
                            timeout=timeout, ccache_volume=ccache_volume, probe_image=probe_image,
-                           probe_wheelhouse=probe_wheelhouse, gpus=gpus)
+                           probe_wheelhouse=probe_wheelhouse, gpus=gpus, upstream_tests=upstream_tests)
     result = build(settings, options)
     if as_json:
         echo_json({"build_id": result.build_id, "work_dir": str(result.work_dir), "record": str(result.record),

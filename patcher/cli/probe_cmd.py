@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import click
 
 from patcher.cli import cli
 from patcher.cli.common import load_settings
+from patcher.util import write_atomic
 
 
 @cli.command("probe")
@@ -33,8 +37,18 @@ from patcher.cli.common import load_settings
               help="With --image: the engine's GPUs for the container (auto: all of them when the engine has a "
                    "GPU runtime).")
 @click.option("--docker-host", default=None, metavar="URL", help="Docker engine (default: settings, DOCKER_HOST).")
+@click.option("--upstream-tests", is_flag=True,
+              help="Also run upstream's own tests from --source against the target: the series' Upstream-Tests "
+                   "plus a smoke selection (with --python, or --wheel --image).")
+@click.option("--source", type=click.Path(file_okay=False, exists=True), metavar="TREE",
+              help="With --upstream-tests: the release's source tree (its test/ holds upstream's tests).")
+@click.option("--torch", "torch_version", metavar="V",
+              help="With --upstream-tests: the release whose series names the tests (default: the target's torch).")
+@click.option("--baseline-python", metavar="PATH",
+              help="With --upstream-tests --python: an interpreter with the unpatched release; a test failing "
+                   "there too is reported as a known failure of the release.")
 def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, budget, only, timeout, gpus,
-          docker_host) -> None:
+          docker_host, upstream_tests, source, torch_version, baseline_python) -> None:
     """Run the probe suite and print its table; exit 0 only when every required check passed.
 
     \b
@@ -54,17 +68,70 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
         raise click.UsageError("--wheel takes --python (a venv on this machine) or --image, not both")
     ids = tuple(sorted({p.strip() for p in patched_ids.split(",") if p.strip()}))
     options = probing.ProbeOptions(patched_ids=ids, budget=budget, only=only, timeout=timeout)
+    if upstream_tests and (source is None or not (python is not None and wheel is None and image is None
+                                                  or wheel is not None and image is not None)):
+        raise click.UsageError("--upstream-tests needs --source TREE and a target of --python, or --wheel with --image")
+    if (source or torch_version or baseline_python) and not upstream_tests:
+        raise click.UsageError("--source, --torch and --baseline-python go with --upstream-tests")
     if image is not None:
         docker_host = docker_host or load_settings().docker_host
-    if wheel is not None and image is not None:
-        report = probing.probe_wheel_in_image(wheel, image, options, wheelhouse=wheelhouse, gpus=gpus,
-                                              docker_host=docker_host).report
-    elif wheel is not None:
-        report = probing.probe_wheel(wheel, options, python=python or "python3", wheelhouse=wheelhouse)
-    elif image is not None:
-        report = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host).report
-    else:
-        report = probing.probe_python(python, options)
-    report.write(json_out, junit_out)
+    with tempfile.TemporaryDirectory(prefix="patcher-upstream-") as temp:
+        upstream = None
+        if upstream_tests and image is not None:
+            upstream = _upstream_payload(Path(source), torch_version, Path(temp) / "payload")
+        if wheel is not None and image is not None:
+            run = probing.probe_wheel_in_image(wheel, image, options, wheelhouse=wheelhouse, gpus=gpus,
+                                               docker_host=docker_host, upstream=upstream)
+            data = run.report_json()
+        elif wheel is not None:
+            data = probing.probe_wheel(wheel, options, python=python or "python3", wheelhouse=wheelhouse).to_json()
+        elif image is not None:
+            data = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host).report_json()
+        else:
+            data = probing.probe_python(python, options).to_json()
+            if upstream_tests:
+                data = _upstream_on_host(Path(source), torch_version, python, baseline_python,
+                                         Path(temp)).merge_into(data)
+    report = probing.ProbeReport.from_json(data)
+    report.write(None, junit_out)
+    if json_out:  # the probe's own rendering, upstream's results (when they ran) included
+        from patcher.probe import report as render
+
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(json_out), render.to_json(data))
     click.echo(report.table(), nl=False)
     report.raise_if_failed()
+
+
+def _series_and_wheelhouse(tree: Path, torch_version: str | None):
+    from patcher import patches, upstream_tests
+
+    settings = load_settings()
+    version = torch_version or _tree_version(tree)
+    series = patches.load_series(settings.patches_dir, version)
+    wheelhouse = Path(settings.cache_dir) / "upstream-tests-wheelhouse"
+    upstream_tests.build_wheelhouse(wheelhouse, index_url=settings.pypi_base())
+    return series, wheelhouse
+
+
+def _tree_version(tree: Path) -> str:
+    text = (tree / "version.txt").read_text(encoding="utf-8").strip() if (tree / "version.txt").is_file() else ""
+    version = text.split("a", 1)[0].split("+", 1)[0]
+    if not version:
+        raise click.UsageError(f"cannot tell the release of {tree} (no version.txt): pass --torch")
+    return version
+
+
+def _upstream_payload(tree: Path, torch_version: str | None, dest: Path):
+    from patcher import upstream_tests
+
+    series, wheelhouse = _series_and_wheelhouse(tree, torch_version)
+    return upstream_tests.container_payload(tree, series, wheelhouse, dest)
+
+
+def _upstream_on_host(tree: Path, torch_version: str | None, python: str, baseline_python: str | None, work: Path):
+    from patcher import upstream_tests
+
+    series, wheelhouse = _series_and_wheelhouse(tree, torch_version)
+    return upstream_tests.run_upstream_tests(tree, python, series, wheelhouse, baseline_python=baseline_python,
+                                             work_dir=work)
