@@ -331,6 +331,12 @@ def t_maxpool3d(src):
 
 def t_frac2d(src):
     src = add_includes(src)
+    # at::empty for the contiguous scratch (per-operator headers; the other branch has Functions.h)
+    src = replace_once(
+        src,
+        "#ifndef AT_PER_OPERATOR_HEADERS\n#include <ATen/NativeFunctions.h>\n#else\n",
+        "#ifndef AT_PER_OPERATOR_HEADERS\n#include <ATen/Functions.h>\n#include <ATen/NativeFunctions.h>\n#else\n"
+        "#include <ATen/ops/empty.h>\n")
     src = add_sections(src, ["det_common", "argmax_gather"])
     src = replace_once(
         src,
@@ -417,7 +423,7 @@ def t_unpool(src):
             "  // indices are a write conflict).\n")
     note = ("  // See Note [Writing Nondeterministic Operations]. Under\n"
             "  // torch.use_deterministic_algorithms(True), floating types: duplicate indices\n"
-            "  // resolve to the largest input position, as the CPU kernel does one thread.\n")
+            "  // resolve to the largest input position, as on the CPU with one thread.\n")
     src = replace_once(
         src,
         "  output.resize_({numBatch, numChannels, oheight, owidth});\n\n  output.zero_();\n",
