@@ -25,6 +25,7 @@ RUN apt-get update \
       python3-numpy \
       python3-setuptools \
       python3-typing-extensions \
+      python3-venv \
       python3-wheel \
       python3-yaml \
       xz-utils \

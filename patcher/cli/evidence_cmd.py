@@ -28,13 +28,13 @@ def certify_cmd(record_path, probe_report, key_path, out_dir, allow_failed_probe
     """Write signed SLSA provenance (DSSE, in-toto) and a CycloneDX SBOM for a built wheel."""
     settings = load_settings(key_path=key_path)
     result = evidence.certify(record_path, probe_report, settings.key_path, out_dir=out_dir,
-                              allow_failed_probe=allow_failed_probe)
+                              allow_failed_probe=allow_failed_probe, advisories_file=settings.advisories)
     if as_json:
         echo_json(result.__dict__)
         return
     click.echo(f"certified {result.wheel.name} (key {result.keyid[:16]}, probe "
                f"{'passed' if result.probe_passed else 'FAILED'})")
-    for path in (result.provenance, result.sbom, result.probe_report):
+    for path in (result.provenance, result.sbom, result.vex, result.probe_report):
         click.echo(f"  wrote {path}")
 
 
@@ -59,6 +59,7 @@ def verify_cmd(wheel, key_path, catalog, as_json) -> None:
     click.echo(f"  patches    {', '.join(result.patches) or '(none)'} (match the catalog for torch {result.torch})")
     click.echo(f"  probe      {result.probe_report} passed")
     click.echo(f"  sbom       {result.sbom}")
+    click.echo(f"  vex        {result.vex} ({', '.join(f'{n} {s}' for s, n in result.vex_states.items())})")
     for ov in result.trust_overrides:
         click.echo(f"  override   {ov.get('kind')} {ov.get('name')} = {ov.get('value')}")
 
