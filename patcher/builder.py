@@ -238,7 +238,7 @@ def stage_patch(b: Build) -> tuple[PatchOutcome, str]:
 
 
 def stage_render(b: Build) -> tuple[RenderOutcome, str]:
-    from patcher import dockerfile
+    import patcher.dockerfile as dockerfile
 
     rendered = dockerfile.render(b.spec, b.settings)
     out = b.dir / IMAGE_DIR
@@ -254,7 +254,7 @@ def stage_render(b: Build) -> tuple[RenderOutcome, str]:
 
 
 def stage_image(b: Build) -> tuple[ImageOutcome, str]:
-    from patcher import dockerfile
+    import patcher.dockerfile as dockerfile
 
     rendered = dockerfile.render(b.spec, b.settings)
     if rendered.sha256 != b.record.dockerfile_sha256:

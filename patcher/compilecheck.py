@@ -600,7 +600,7 @@ class CompileCheck:
         return tree
 
     def _builder_image(self, engine, spec: BuildSpec) -> str:
-        from patcher import dockerfile
+        import patcher.dockerfile as dockerfile
 
         if self.options.image:
             image_id = engine.image_id(self.options.image)

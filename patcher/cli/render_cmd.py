@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+import patcher.dockerfile as dockerfile_mod
 from patcher import baseimage as baseimage_mod
-from patcher import dockerfile as dockerfile_mod
 from patcher import lock as lock_mod
 from patcher import spec as spec_mod
 from patcher.cli import cli
