@@ -8,7 +8,12 @@ one publish as the index grows.
    core-metadata hashes in both, and the root pages, as one generation; dumb-pypi writes PEP
    503 HTML + its legacy JSON per project, a root page, changelog pages and packages.json
    (``--no-per-release-json``, ``--no-generate-timestamp``).  Both run in this process,
-   alternating; ratio = dumb-pypi / patcher.
+   alternating; ratio = dumb-pypi / patcher.  Measured twice: with the pages on this disk, and
+   on a RAM file system (/dev/shm), which takes the disk's cost per file and directory (the
+   same for both: each writes about five file-system entries a project) out of the figure.
+   Beside them, the file-system work alone of each tool's layout (directories, page files,
+   links or renames; nothing rendered): dumb-pypi's time over that floor for patcher's layout
+   is the most any writer of that layout could reach against it on this disk in this run.
 2. Publishing one wheel into a real 10,000-wheel index (the wheels are small zip files made
    here): ``index.publish`` (one project's pages; the oldest kept generation recycled) vs
    ``index.regenerate`` (every wheel re-read, every page rendered, a generation built whole),
@@ -41,6 +46,7 @@ PROJECTS = 2000
 VERSIONS = 5
 ROUNDS = 5
 SIZES = (1000, 10_000, 100_000)
+RAM_FS = "/dev/shm"
 
 _last_cpu = [0.0]
 
@@ -84,6 +90,47 @@ def _synthetic_index(index_mod, path: Path, wheels: int) -> float:
     return seconds
 
 
+def _write_new(name: str, data: bytes, dir_fd: int | None = None) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _layout_floor(root: Path, layout: str) -> None:
+    """Only the file-system work of each tool's page layout, for PROJECTS projects (the same
+    entries each tool makes, with pages of the usual size; nothing rendered): the least any
+    writer of that layout spends on this disk."""
+    html, page_json = b"h" * 1500, b"j" * 2500
+    if layout == "patcher":  # .projects/<p>/<gen>/{index.html,index.json}, one link per project
+        (root / ".projects").mkdir(parents=True)
+        (root / ".generations" / "g000001").mkdir(parents=True)
+        pfd = os.open(root / ".projects", os.O_RDONLY)
+        gfd = os.open(root / ".generations" / "g000001", os.O_RDONLY)
+        try:
+            for i in range(PROJECTS):
+                p = f"proj-{i:04d}"
+                os.mkdir(p, dir_fd=pfd)
+                os.mkdir(f"{p}/g000001", dir_fd=pfd)
+                _write_new(f"{p}/g000001/index.html", html, pfd)
+                _write_new(f"{p}/g000001/index.json", page_json, pfd)
+                os.symlink(f"../../.projects/{p}/g000001", p, dir_fd=gfd)
+        finally:
+            os.close(pfd)
+            os.close(gfd)
+    else:  # dumb-pypi: simple/<p>/index.html and pypi/<p>/json, each written beside and renamed
+        for top in ("simple", "pypi"):
+            (root / top).mkdir(parents=True)
+        for i in range(PROJECTS):
+            p = f"proj-{i:04d}"
+            for top, name, data in (("simple", "index.html", html), ("pypi", "json", page_json)):
+                d = f"{root}/{top}/{p}"
+                os.mkdir(d)
+                _write_new(f"{d}/.{name}.tmp", data)
+                os.rename(f"{d}/.{name}.tmp", f"{d}/{name}")
+
+
 def run() -> dict:
     sys.path.insert(0, str(REPO_ROOT))
     from dumb_pypi import main as dumb_pypi
@@ -112,16 +159,33 @@ def run() -> dict:
             dumb_pypi.main(["--package-list-json", str(package_list), "--output-dir", str(out),
                             "--packages-url", "../../files/", "--no-generate-timestamp", "--no-per-release-json"])
 
-        # 1. generation from the same list
-        gen_ours, gen_theirs, cpu_ours, cpu_theirs = [], [], [], []
+        # 1. generation from the same list: on this disk, and on a RAM file system (where the
+        # disk's per-file cost, the same for both tools, is out of the way)
+        def generate(where: Path) -> tuple[list[float], list[float], list[float], list[float], bool]:
+            gen_ours, gen_theirs, cpu_ours, cpu_theirs = [], [], [], []
+            for r in range(ROUNDS):
+                gen_ours.append(_timed(lambda r=r: ours_from_list(where / f"ours-{r}")))
+                cpu_ours.append(_last_cpu[0])
+                gen_theirs.append(_timed(lambda r=r: theirs_from_list(where / f"dumb-{r}")))
+                cpu_theirs.append(_last_cpu[0])
+                wrote_json = (where / f"ours-{r}" / "simple" / "proj-0001" / "index.json").is_file()
+                shutil.rmtree(where / f"ours-{r}")
+                shutil.rmtree(where / f"dumb-{r}")
+            return gen_ours, gen_theirs, cpu_ours, cpu_theirs, wrote_json
+
+        gen_ours, gen_theirs, cpu_ours, cpu_theirs, ours_json = generate(work)
+        floor = {"patcher": [], "dumb_pypi": []}
         for r in range(ROUNDS):
-            gen_ours.append(_timed(lambda r=r: ours_from_list(work / f"ours-{r}")))
-            cpu_ours.append(_last_cpu[0])
-            gen_theirs.append(_timed(lambda r=r: theirs_from_list(work / f"dumb-{r}")))
-            cpu_theirs.append(_last_cpu[0])
-            ours_json = (work / f"ours-{r}" / "simple" / "proj-0001" / "index.json").is_file()
-            shutil.rmtree(work / f"ours-{r}")
-            shutil.rmtree(work / f"dumb-{r}")
+            for layout in floor:
+                floor[layout].append(_timed(lambda r=r, layout=layout: _layout_floor(work / f"floor-{layout}-{r}", layout)))
+                shutil.rmtree(work / f"floor-{layout}-{r}")
+        ram = None
+        if os.path.isdir(RAM_FS) and os.access(RAM_FS, os.W_OK):
+            ram_dir = Path(tempfile.mkdtemp(prefix="bench-index-", dir=RAM_FS))
+            try:
+                ram = generate(ram_dir)
+            finally:
+                shutil.rmtree(ram_dir, ignore_errors=True)
 
         # 2. a real 10,000-wheel index: one publish vs a full regeneration
         idx = work / "index"
@@ -174,6 +238,14 @@ def run() -> dict:
             "generate_cpu_dumb_pypi_s": round(med(cpu_theirs), 3),
             "generate_cpu_ratio_dumb_pypi_over_patcher": round(med(cpu_theirs) / med(cpu_ours), 2),
             "generate_patcher_wrote_pep691_json": ours_json,
+            "generate_fs_floor_patcher_layout_s": round(med(floor["patcher"]), 3),
+            "generate_fs_floor_dumb_pypi_layout_s": round(med(floor["dumb_pypi"]), 3),
+            "generate_ratio_ceiling_on_this_disk": round(med(gen_theirs) / med(floor["patcher"]), 2),
+            **({"generate_ram_fs_patcher_s": round(med(ram[0]), 3),
+                "generate_ram_fs_dumb_pypi_s": round(med(ram[1]), 3),
+                "generate_ram_fs_ratio_dumb_pypi_over_patcher": round(med(ram[1]) / med(ram[0]), 2),
+                "generate_ram_fs_cpu_ratio_dumb_pypi_over_patcher": round(med(ram[3]) / med(ram[2]), 2)}
+               if ram else {"generate_ram_fs": f"skipped: no writable {RAM_FS}"}),
             "first_publish_10000_wheels_s": round(first_publish_s, 3),
             "warmup_publishes_built_whole_s": [round(s, 3) for s in warmup],
             "publish_one_incremental_s": round(med(incremental), 4),

@@ -510,7 +510,7 @@ def _read_link(path: str) -> str | None:
 
 
 _BATCH = 32          # projects per batch of file-system work
-_FILE_THREADS = 4    # threads for that work: the calls let go of the interpreter lock, and a
+_FILE_THREADS = 2    # threads for that work: the calls let go of the interpreter lock, and a
                      # busy disk's latency overlaps; the work of one batch stays in order
 
 
