@@ -78,7 +78,9 @@ def test_image_with_legacy_torch(bullseye_torch_image, tmp_path, no_probe_contai
     assert report["by_id"]["env.fingerprint"]["status"] == "pass"
     for check_id, entry in report["by_id"].items():
         if check_id.startswith(("maxpool2d.", "determinism.")) or check_id == "env.arch_coverage":
-            assert (entry["status"], entry["message"]) == ("skip", NO_CUDA)
+            # a check of a newer op says first that 1.7 lacks it (determinism.reflection_pad3d: >= 1.10)
+            assert entry["status"] == "skip" and (entry["message"] == NO_CUDA
+                                                  or entry["message"] == "needs torch >=1.10; this is 1.7.0a0"), entry
     assert junit.read_text().startswith("<testsuites>")
 
 
