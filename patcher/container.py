@@ -318,6 +318,8 @@ class Container:
         self.gpus_requested = False
         self._owner: tuple[int, int] | None = None
         self._log_thread: threading.Thread | None = None
+        self._started = False
+        self._pending_log: Callable[[str], None] | None = None
 
     # -- lifecycle
     def __enter__(self) -> Container:
@@ -444,6 +446,10 @@ class Container:
             self.engine.client.api.start(self.id)
         except docker.errors.APIError as exc:
             raise ContainerError(f"cannot start {self.name}: {short_reason(exc)}") from None
+        self._started = True
+        if self._pending_log is not None:
+            on_text, self._pending_log = self._pending_log, None
+            self.follow_logs(on_text)
 
     def wait(self, timeout: float) -> int:
         """Wait for the command to end; its exit status.  Past ``timeout`` it is killed and
@@ -464,7 +470,12 @@ class Container:
 
     def follow_logs(self, on_text: Callable[[str], None]) -> None:
         """Send the container's output to ``on_text`` as it comes, from a thread that ends with the
-        container."""
+        container.  Asked before ``start()``, it attaches when the container starts (a log stream
+        opened on a container not yet running can end at once, before any output)."""
+        if not self._started:
+            self._pending_log = on_text
+            return
+
         def follow() -> None:
             try:
                 for chunk in self.engine.client.api.logs(self.id, stream=True, follow=True):

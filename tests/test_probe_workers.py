@@ -81,6 +81,9 @@ def run_probe(python, tmp_path, only, *args, isolation=None):
     return proc, report, {c["id"]: c for c in report["checks"]}
 
 
+LAYOUT_DEPENDENT = {"security.cve_2024_31583"}
+
+
 def test_workers_give_the_same_report_as_one_check_at_a_time(system_torch_python, tmp_path):
     only = "env.fingerprint,security"
     _, forked, by_fork = run_probe(system_torch_python, tmp_path, only)
@@ -89,6 +92,11 @@ def test_workers_give_the_same_report_as_one_check_at_a_time(system_torch_python
     assert len(by_fork) > 5 and any(c["status"] == "fail" for c in forked["checks"])
     for check_id, entry in by_fork.items():
         other = by_spawn[check_id]
+        if check_id in LAYOUT_DEPENDENT:
+            # it reads past a table: the unpatched torch either dies of it or is caught using the
+            # operand, by where memory happens to lie; both are the defect found
+            assert entry["status"] == other["status"] == "fail" and entry["required"] == other["required"], check_id
+            continue
         assert (entry["status"], entry["message"], entry["required"], entry["finding"]) == \
             (other["status"], other["message"], other["required"], other["finding"]), check_id
     assert (forked["summary"], forked["passed"]) == (spawned["summary"], spawned["passed"])
