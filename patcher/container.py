@@ -430,16 +430,6 @@ class Container:
                     tar.addfile(_tar_entry(name, tarfile.REGTYPE, mode, uid, gid, len(content)), io.BytesIO(content))
         self.put_archive(dest, buf.getvalue())
 
-    def put_tree(self, dest: str, root: Path, prefix: str = "") -> None:
-        """Copy a host directory (files only, symlinks kept) under ``dest/prefix``, owned by the
-        container's user."""
-        files: dict[str, bytes | Path] = {}
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                rel = path.relative_to(root).as_posix()
-                files[f"{prefix}/{rel}" if prefix else rel] = path
-        self.put_files(dest, files)
-
     # -- running
     def start(self) -> None:
         try:

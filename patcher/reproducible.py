@@ -25,6 +25,7 @@ DIFFOSCOPE_TIMEOUT = 1800
 @dataclass(frozen=True)
 class ReproducibleWheel:
     reproducibility: Reproducibility
+    wheel_name: str
     stage: StageOutcome | None  # equal wheels: the first build's, its wheel moved to dist/
     diffoscope_report: Path | None = None  # different wheels: what differs
 
@@ -32,9 +33,8 @@ class ReproducibleWheel:
         if self.reproducibility.reproducible:
             return
         sha1, sha2 = self.reproducibility.sha256
-        name = self.diffoscope_report.parent.joinpath("build1").glob("*.whl")
         raise ReproducibilityError(
-            f"two builds of {next(name).name} from the same inputs differ: sha256 {sha1} vs {sha2}; "
+            f"two builds of {self.wheel_name} from the same inputs differ: sha256 {sha1} vs {sha2}; "
             f"diffoscope report: {self.diffoscope_report}",
             hint="make the build deterministic (timestamps, paths, ordering)")
 
@@ -63,14 +63,14 @@ def build_twice(engine: Engine, what: StageInputs, volume_prefix: str, dist: Pat
     result = Reproducibility(builds=2, sha256=(sha1, sha2), reproducible=sha1 == sha2)
     if sha1 != sha2:
         report = diffoscope(first, second, repro / "diffoscope.txt", on_text)
-        return ReproducibleWheel(reproducibility=result, stage=None, diffoscope_report=report)
+        return ReproducibleWheel(reproducibility=result, wheel_name=first.name, stage=None, diffoscope_report=report)
     dist.mkdir(exist_ok=True)
     target = dist / first.name
     os.replace(first, target)
     shutil.rmtree(repro / "build2", ignore_errors=True)
     wheel = WheelFile(name=target.name, sha256=sha1, path=str(target.relative_to(what.work_dir)))
     stage = StageOutcome(container_env=outcomes[0].container_env, toolchain=outcomes[0].toolchain, wheel=wheel)
-    return ReproducibleWheel(reproducibility=result, stage=stage)
+    return ReproducibleWheel(reproducibility=result, wheel_name=target.name, stage=stage)
 
 
 def diffoscope(first: Path, second: Path, report: Path, on_text: Callable[[str], None]) -> Path:
