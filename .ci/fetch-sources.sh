@@ -2,7 +2,11 @@
 # Fetch the real upstream inputs the tests use from the Debian archive this machine's apt is
 # configured with (the URI is read at run time, never written down), each checked by sha256:
 # PyTorch 1.13.1 (Debian's orig tarball, the real upstream tree without submodules) and
-# fmt 7.1.3 (bullseye's fmtlib orig tarball: the real third_party/fmt source).
+# fmt 7.1.3 (bullseye's fmtlib orig tarball: the real third_party/fmt source); PyTorch 2.6.0
+# (trixie's `pytorch` 2.6.0+dfsg-7 orig tarball, sha256 from trixie's Sources index), the same
+# kind of real upstream tree.  bullseye's 1.7.1 orig tarball (pytorch_1.7.1.orig.tar.gz, sha256
+# fc8d6aaf0bdedd4221617be8d47ac39af57605bdcc814fabc28739427b55e9c7 in bullseye's Sources) is
+# not served by the archive this machine reaches (404, 2026-12-01), so no 1.7.1 tree is fetched.
 set -euo pipefail
 CACHE=${PATCHER_CI_CACHE:-/var/cache/patcher-ci}
 DEST="$CACHE/debian-src"
@@ -18,4 +22,5 @@ fetch() {  # fetch POOL_PATH SHA256
 }
 fetch pool/main/p/pytorch/pytorch_1.13.1+dfsg.orig.tar.xz d0355588b8528566d477e6ebf1b4d9d036a6fd75711339f66b27472ce5879dc7
 fetch pool/main/f/fmtlib/fmtlib_7.1.3+ds1.orig.tar.gz 56f46293763b9acbe362e66cebdd9b1299cfdfe66ac68009a3fc0364afc66cf4
+fetch pool/main/p/pytorch/pytorch_2.6.0+dfsg.orig.tar.xz 099a9601bc40d67656e75735c44abedb0fbe92d08817852ab7472eebb7e6ddff
 echo "sources in $DEST"
