@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Make PT-0201 and PT-0202 for another release from det_kernels.cuh, like make_patches.py.
+
+The kernels and the wiring are make_patches.py's own (its transforms are applied to the
+release's AdaptiveMaxPooling2d.cu and GridSampler.cu, and refuse to run where an anchor
+they need is missing); only the trailers and the paragraph that says how far the port is
+proven differ per release.
+
+    python3 harness/deterministic_backward/make_patches_release.py \
+        --release 2.6.0 --tree /tmp/pytorch-2.6.0 --out patches/2.6.0
+
+--tree is the release's pristine tree (left untouched; it is copied).
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_patches as base  # noqa: E402
+
+# What is true of each port beyond the 1.13.1 proof the messages carry.
+PORT_NOTES = {
+    "2.6.0": (
+        "The port to 2.6.0. The 2.6.0 files have the code the wiring hooks into\n"
+        "unchanged from 1.13.1 (the same alertNotDeterministic call sites, the same\n"
+        "atomic kernels and launch code), so the same sections are inserted at the\n"
+        "same places. The patch applies exactly to Debian's real 2.6.0 tree (CI);\n"
+        "whether it compiles in a 2.6.0 build is for `patcher check --compile` with\n"
+        "nvcc 12.4 to show, and it has not run on a 2.6.0 GPU.\n"
+    ),
+}
+
+
+def for_release(message, release):
+    """The 1.13.1 message with the release's Applies-To and its port note before the trailers."""
+    body, trailers = message.split("\nPatch-Id: ", 1)
+    trailers = "Patch-Id: " + trailers.replace("Applies-To: ==1.13.1", f"Applies-To: =={release}")
+    return body + "\n" + PORT_NOTES[release] + "\n" + trailers
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--release", required=True, choices=sorted(PORT_NOTES))
+    ap.add_argument("--tree", required=True, help="the release's pristine tree")
+    ap.add_argument("--out", required=True, help="patches/<release> directory")
+    args = ap.parse_args()
+    tree = os.path.abspath(args.tree)
+    os.makedirs(args.out, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="detbw-patches-", dir="/tmp") as scratch:
+        base.make_one(tree, scratch, base.AMP_FILE, base.patch_amp, for_release(base.AMP_MESSAGE, args.release),
+                      os.path.join(args.out, "0201-deterministic-adaptive-max-pool2d-backward.patch"))
+        base.make_one(tree, scratch, base.GS_FILE, base.patch_gs, for_release(base.GS_MESSAGE, args.release),
+                      os.path.join(args.out, "0202-deterministic-grid-sampler-2d-backward.patch"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
