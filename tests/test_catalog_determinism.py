@@ -197,18 +197,22 @@ def test_patches_take_the_deterministic_path_only_under_the_flag():
     gs = _added_text(GS_PATCH)
     assert "globalContext().deterministicAlgorithms()" in amp
     assert "globalContext().deterministicAlgorithms()" in gs
-    # the atomic kernels stay: only added lines here, the old launch code is untouched
+    # the atomic kernels stay: only added lines here, the old launch code is untouched; upstream's
+    # alert test of the op no longer expects the CUDA alert
     assert _removed_lines(AMP_PATCH) == [
         "-  globalContext().alertNotDeterministic(",
         '-      "adaptive_max_pool2d_backward_cuda");',
+        "-            torch.device(device).type == 'cuda')",
     ]
-    assert _removed_lines(GS_PATCH) == []
+    assert _removed_lines(GS_PATCH) == ["-            torch.device(device).type == 'cuda')"]
+    assert "+            False)  # PT-0201: deterministic on CUDA too" in _diff_lines(AMP_PATCH)
+    assert "+            False)  # PT-0202: deterministic on CUDA too" in _diff_lines(GS_PATCH)
 
 
 def test_patches_apply_to_the_real_1_13_1_tree(realtree_checkout):
-    for patch in (AMP_PATCH, GS_PATCH):
+    for patch in (AMP_PATCH, GS_PATCH):  # in series order: both edit test/test_torch.py
         subprocess.run(["git", "apply", "--check", str(patch)], cwd=realtree_checkout, check=True)
-    subprocess.run(["git", "apply", str(AMP_PATCH), str(GS_PATCH)], cwd=realtree_checkout, check=True)
+        subprocess.run(["git", "apply", str(patch)], cwd=realtree_checkout, check=True)
     amp = (realtree_checkout / "aten/src/ATen/native/cuda/AdaptiveMaxPooling2d.cu").read_text()
     assert 'alertNotDeterministic(\n      "adaptive_max_pool2d_backward_cuda")' not in amp
 
@@ -370,7 +374,65 @@ def test_issue17_patch_carries_the_proved_kernels_under_the_flag(name):
     for line in _removed_lines(patch):
         body = line[1:].strip()
         assert (body.startswith("//") or "alertNotDeterministic" in body or "pool_size" in body
-                or body in ("indices", "const Tensor& indices) {")), line
+                or body in ("indices", "const Tensor& indices) {") or body in ALERT_TEST_LINES), line
+
+
+# the lines of upstream's test_nondeterministic_alert_* tests a patch may change
+ALERT_TEST_LINES = ("torch.device(device).type == 'cuda')", "'max_unpooling2d_forward_out')",
+                    "'max_unpooling3d_forward_out')")
+# patch -> upstream's alert tests (test/test_torch.py) of its ops, whose expectation it updates
+ALERT_TESTS = {
+    "0201-deterministic-adaptive-max-pool2d-backward.patch": ("AdaptiveMaxPool2d",),
+    "0202-deterministic-grid-sampler-2d-backward.patch": ("grid_sample_2d",),
+    "0203-deterministic-avg-pool3d-backward.patch": ("AvgPool3d",),
+    "0204-deterministic-adaptive-avg-pool2d-backward.patch": ("AdaptiveAvgPool2d",),
+    "0205-deterministic-adaptive-avg-pool3d-backward.patch": ("AdaptiveAvgPool3d",),
+    "0206-deterministic-reflection-pad-backward.patch": ("ReflectionPad1d", "ReflectionPad2d", "ReflectionPad3d"),
+    "0207-deterministic-replication-pad-backward.patch": ("ReplicationPad1d", "ReplicationPad2d", "ReplicationPad3d"),
+    "0208-deterministic-upsample-linear-backward.patch": ("interpolate_linear", "interpolate_bilinear",
+                                                          "interpolate_bicubic", "interpolate_trilinear"),
+    "0209-deterministic-max-pool3d-backward.patch": ("MaxPool3d",),
+    "0210-deterministic-fractional-max-pool-backward.patch": ("FractionalMaxPool2d", "FractionalMaxPool3d"),
+    "0211-deterministic-max-unpool-forward.patch": ("MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d"),
+    "0222-deterministic-grid-sampler-3d-backward.patch": ("grid_sample_3d",),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALERT_TESTS))
+def test_each_patch_updates_and_names_its_alert_tests(name):
+    """Each patch changes the expectation of exactly its own ops' alert tests, once each, and
+    names them in Upstream-Tests."""
+    patch = PATCH_DIR / name
+    tests = ALERT_TESTS[name]
+    pid = "PT-" + name[:4]
+    trailer = " ".join(_commit_message(patch)).split("Upstream-Tests:", 1)[1]
+    for test in tests:
+        assert "nondeterministic_alert_" + test in trailer, test
+    lines = _diff_lines(patch)
+    start = lines.index("diff --git a/test/test_torch.py b/test/test_torch.py")
+    hunk = lines[start:]
+    added = [line for line in hunk if line.startswith("+") and not line.startswith("+++")]
+    removed = [line for line in hunk if line.startswith("-") and not line.startswith("---")]
+    assert len(removed) == len(tests) and all(line[1:].strip() in ALERT_TEST_LINES for line in removed)
+    marked = [line for line in added if f"# {pid}:" in line]
+    assert len(marked) == len(tests), added
+    if name.startswith("0211"):  # the CPU's racing kernel still alerts; CUDA no longer
+        assert all("torch.device(device).type != 'cuda')" in line for line in marked)
+    else:
+        assert all(line.startswith("+            False)") for line in marked)
+    # the hunks' context names the tests: each edit sits in its own test's body
+    text = "\n".join(hunk)
+    assert text.count("self.check_nondeterministic_alert(") == len(tests)
+
+
+def test_alert_patches_apply_in_series_order_to_the_pristine_test_file(realtree_checkout):
+    names = [n for n in (PATCH_DIR / "series").read_text().split() if n in ALERT_TESTS]
+    assert names == sorted(ALERT_TESTS), names
+    for name in names:
+        subprocess.run(["git", "apply", "--check", str(PATCH_DIR / name)], cwd=realtree_checkout, check=True)
+        subprocess.run(["git", "apply", str(PATCH_DIR / name)], cwd=realtree_checkout, check=True)
+    text = (realtree_checkout / "test/test_torch.py").read_text()
+    assert text.count("deterministic on CUDA too") == 19 and text.count("CUDA deterministic") == 3
 
 
 def test_issue17_probe_checks_name_the_patches():
@@ -384,8 +446,49 @@ def test_issue17_probe_checks_name_the_patches():
 def test_issue17_patches_apply_to_the_real_1_13_1_tree(realtree_checkout):
     names = ["0201-deterministic-adaptive-max-pool2d-backward.patch",
              "0202-deterministic-grid-sampler-2d-backward.patch"] + sorted(PATCHES17)
-    for name in names:
+    for name in names:  # in series order: they edit test/test_torch.py one after another
         subprocess.run(["git", "apply", "--check", str(PATCH_DIR / name)], cwd=realtree_checkout, check=True)
-    subprocess.run(["git", "apply"] + [str(PATCH_DIR / n) for n in names], cwd=realtree_checkout, check=True)
+        subprocess.run(["git", "apply", str(PATCH_DIR / name)], cwd=realtree_checkout, check=True)
     unpool = (realtree_checkout / "aten/src/ATen/native/cuda/MaxUnpooling.cu").read_text()
     assert "max_unpool_deterministic(" in unpool
+
+
+# --- PT-0222: grid_sampler_3d backward ---------------------------------------------------------
+GS3D_PATCH = PATCH_DIR / "0222-deterministic-grid-sampler-3d-backward.patch"
+
+
+def test_pt0222_trailers_and_format():
+    message = _commit_message(GS3D_PATCH)
+    assert message[0] == "Subject: [PATCH] Deterministic CUDA backward for grid_sampler_3d"
+    while message and not message[-1].strip():
+        message.pop()
+    assert message[-7:] == [
+        "Patch-Id: PT-0222", "Applies-To: ==1.13.1", "Category: determinism", "Upstream-Bug: none",
+        "Upstream-Fix: none", "Probe: determinism.grid_sampler_3d",
+        'Upstream-Tests: test_nn.py -k "(grid_sample or GridSample or grid_sampler) and not large", '
+        'test_torch.py -k "nondeterministic_alert_grid_sample_3d"']
+    assert len([line for line in message[1:-7] if line.strip()]) >= 10
+    text = GS3D_PATCH.read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 ")
+    assert re.search(r"^index [0-9a-f]{40}\.\.[0-9a-f]{40} ", text, re.M)
+
+
+def test_pt0222_carries_the_proved_kernel_behind_the_flag():
+    source = (HARNESS / "det_kernels.cuh").read_text()
+    begin, end = "// BEGIN grid_sampler_3d\n", "// END grid_sampler_3d\n"
+    kernels = source[source.index(begin) + len(begin):source.index(end)]
+    added = _added_text(GS3D_PATCH)
+    assert kernels.strip() in added
+    # the nearest rounding of 1.13.1's 3-D forward (the harness uses torch 2.11's nearbyint)
+    assert "return ::round(v);" in added
+    assert "if (globalContext().deterministicAlgorithms()) {" in added
+    assert [line for line in _removed_lines(GS3D_PATCH)] == ["-            torch.device(device).type == 'cuda')"]
+    # on top of PT-0202 (it uses that patch's sort wrapper and helpers): later in the series
+    series = (PATCH_DIR / "series").read_text().split()
+    assert series.index(GS3D_PATCH.name) > series.index(GS_PATCH.name)
+
+
+def test_pt0222_probe_check():
+    from patcher.probe.checks import determinism
+    by_name = {name: patches for name, _, _, patches in determinism.OPERATIONS}
+    assert by_name["grid_sampler_3d"] == ("PT-0222",)

@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 EXPECTED_IDS = {
     "env.fingerprint", "env.arch_coverage",
     "maxpool2d.sweep", "maxpool2d.nhwc_large_channels", "maxpool2d.error_message",
-    "determinism.adaptive_max_pool2d", "determinism.grid_sampler_2d", "determinism.avg_pool3d",
+    "determinism.adaptive_max_pool2d", "determinism.grid_sampler_2d", "determinism.grid_sampler_3d",
+    "determinism.avg_pool3d",
     "determinism.adaptive_avg_pool2d", "determinism.adaptive_avg_pool3d", "determinism.fractional_max_pool2d",
     "determinism.max_unpool2d", "determinism.interpolate_bilinear", "determinism.reflection_pad2d",
     "determinism.reflection_pad1d", "determinism.reflection_pad3d", "determinism.replication_pad1d",

@@ -1,6 +1,7 @@
 // Harness-side CUDA translation unit: provides, for a current torch, the few
 // names det_kernels.cuh expects from torch 1.13.1's GridSampler.cuh and cub
-// wrapper, then compiles det_kernels.cuh unchanged.
+// wrapper (and the 3-D nearest rounding of this torch's forward), then
+// compiles det_kernels.cuh unchanged.
 #include <ATen/core/TensorBase.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -25,6 +26,17 @@ enum class GridSamplerPadding { Zeros, Border, Reflection };
 
 __device__ __forceinline__ bool within_bounds_2d(int h, int w, int H, int W) {
   return h >= 0 && h < H && w >= 0 && w < W;
+}
+
+__device__ __forceinline__ bool within_bounds_3d(int d, int h, int w, int D, int H, int W) {
+  return d >= 0 && d < D && h >= 0 && h < H && w >= 0 && w < W;
+}
+
+// torch 2.11's grid_sampler_3d kernels round nearest with nearbyint (1.13.1's
+// with ::round; the patch defines it so).
+template <typename T>
+__device__ __forceinline__ T grid_sampler_3d_round_nearest(T v) {
+  return ::nearbyint(v);
 }
 
 // Clamp to [0, size - 1]; derivative 0 on and beyond the border.
@@ -136,6 +148,16 @@ void detbw_grid_sampler_2d_backward(
     const at::TensorBase& grid, int64_t interpolation_mode, int64_t padding_mode,
     bool align_corners, bool input_requires_grad) {
   detbw::grid_sampler_2d_backward_deterministic(
+      grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
+      padding_mode, align_corners, input_requires_grad);
+}
+
+void detbw_grid_sampler_3d_backward(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_grid,
+    const at::TensorBase& grad_output, const at::TensorBase& input,
+    const at::TensorBase& grid, int64_t interpolation_mode, int64_t padding_mode,
+    bool align_corners, bool input_requires_grad) {
+  detbw::grid_sampler_3d_backward_deterministic(
       grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
       padding_mode, align_corners, input_requires_grad);
 }

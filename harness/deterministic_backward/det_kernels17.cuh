@@ -35,12 +35,40 @@ __device__ __forceinline__ idx_t det_adaptive_end(idx_t a, idx_t to, const det_d
   return det_divq(static_cast<idx_t>((a + 1) * to + static_cast<idx_t>(from.d) - 1), from);
 }
 
+// grad_output / window size, once per output cell (the atomic kernel's
+// division), into scaled at the same offsets: the gather then only adds.
+template <typename scalar_t, typename opmath_t, typename idx_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void adaptive_avg_pool_backward_deterministic_scale_kernel(
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_adaptive_axes ax, const scalar_t* __restrict__ grad_output, opmath_t* __restrict__ scaled) {
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  const idx_t ID = static_cast<idx_t>(gi.size[2]), IH = static_cast<idx_t>(gi.size[3]),
+              IW = static_cast<idx_t>(gi.size[4]);
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    const idx_t od = static_cast<idx_t>(idx[2]), oh = static_cast<idx_t>(idx[3]), ow = static_cast<idx_t>(idx[4]);
+    const idx_t kd = det_adaptive_end(od, ID, ax.by_out[0]) - det_adaptive_begin(od, ID, ax.by_out[0]);
+    const idx_t kdh = kd * (det_adaptive_end(oh, IH, ax.by_out[1]) - det_adaptive_begin(oh, IH, ax.by_out[1]));
+    const idx_t k = kdh * (det_adaptive_end(ow, IW, ax.by_out[2]) - det_adaptive_begin(ow, IW, ax.by_out[2]));
+    idx_t off = 0;
+    for (int a = 0; a < 5; ++a) {
+      off += static_cast<idx_t>(idx[a]) * static_cast<idx_t>(go.stride[a]);
+    }
+    scaled[off] = static_cast<opmath_t>(grad_output[off]) / static_cast<opmath_t>(k);
+  }
+}
+
+// scaled: null, or grad_output already divided (the scale kernel above).
 template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void adaptive_avg_pool_backward_deterministic_kernel(
     const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_adaptive_axes ax,
-    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output,
+    const opmath_t* __restrict__ scaled) {
   const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
   const idx_t ID = static_cast<idx_t>(gi.size[2]), IH = static_cast<idx_t>(gi.size[3]),
               IW = static_cast<idx_t>(gi.size[4]);
@@ -54,20 +82,33 @@ __global__ void adaptive_avg_pool_backward_deterministic_kernel(
     det_unravel5(walk, linear, idx);
     const idx_t d = static_cast<idx_t>(idx[2]), h = static_cast<idx_t>(idx[3]),
                 w = static_cast<idx_t>(idx[4]);
-    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+    const idx_t plane = static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
         static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
+    const scalar_t* gout = grad_output + plane;
     const idx_t od0 = det_adaptive_begin(d, OD, ax.by_in[0]), od1 = det_adaptive_end(d, OD, ax.by_in[0]);
     const idx_t oh0 = det_adaptive_begin(h, OH, ax.by_in[1]), oh1 = det_adaptive_end(h, OH, ax.by_in[1]);
     const idx_t ow0 = det_adaptive_begin(w, OW, ax.by_in[2]), ow1 = det_adaptive_end(w, OW, ax.by_in[2]);
-    opmath_t acc = static_cast<opmath_t>(0);
-    for (idx_t od = od0; od < od1; ++od) {
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
+    if (scaled != nullptr) {
+      const opmath_t* sp = scaled + plane;
+      for (idx_t od = od0; od < od1; ++od) {
+        for (idx_t oh = oh0; oh < oh1; ++oh) {
+          const opmath_t* row = sp + od * gs2 + oh * gs3;
+          for (idx_t ow = ow0; ow < ow1; ++ow) {
+            acc += static_cast<acc_t>(row[ow * gs4]);
+          }
+        }
+      }
+    }
+    for (idx_t od = od0; scaled == nullptr && od < od1; ++od) {
       const idx_t kd = det_adaptive_end(od, ID, ax.by_out[0]) - det_adaptive_begin(od, ID, ax.by_out[0]);
       for (idx_t oh = oh0; oh < oh1; ++oh) {
         const idx_t kdh = kd * (det_adaptive_end(oh, IH, ax.by_out[1]) - det_adaptive_begin(oh, IH, ax.by_out[1]));
         const scalar_t* row = gout + od * gs2 + oh * gs3;
         for (idx_t ow = ow0; ow < ow1; ++ow) {
           const idx_t k = kdh * (det_adaptive_end(ow, IW, ax.by_out[2]) - det_adaptive_begin(ow, IW, ax.by_out[2]));
-          acc += static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(k);
+          acc += static_cast<acc_t>(static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(k));
         }
       }
     }
@@ -102,16 +143,38 @@ static void adaptive_avg_pool_backward_deterministic(
       "adaptive_avg_pool_backward_cuda_deterministic", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         auto stream = at::cuda::getCurrentCUDAStream();
+        // divide once per output cell when grad_output is dense (its offsets
+        // then index a scratch buffer of the same size)
+        const int64_t total_out = grad_output.numel();
+        const bool prescale = total_out > 0 && det_span(go) == total_out;
+        c10::DataPtr scaled;
+        if (prescale) {
+          scaled = c10::cuda::CUDACachingAllocator::get()->allocate(total_out * sizeof(opmath_t));
+        }
+        opmath_t* scaled_ptr = static_cast<opmath_t*>(scaled.get());
         if (small) {
+          if (prescale) {
+            adaptive_avg_pool_backward_deterministic_scale_kernel<scalar_t, opmath_t, int>
+                <<<det_blocks(total_out), 256, 0, stream>>>(
+                    static_cast<int>(total_out), det_make_walk5(go), gi, go, ax,
+                    grad_output.data_ptr<scalar_t>(), scaled_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
           adaptive_avg_pool_backward_deterministic_kernel<scalar_t, opmath_t, int>
               <<<det_blocks(total), 256, 0, stream>>>(
                   static_cast<int>(total), walk, gi, go, ax, grad_input.data_ptr<scalar_t>(),
-                  grad_output.data_ptr<scalar_t>());
+                  grad_output.data_ptr<scalar_t>(), scaled_ptr);
         } else {
+          if (prescale) {
+            adaptive_avg_pool_backward_deterministic_scale_kernel<scalar_t, opmath_t, int64_t>
+                <<<det_blocks(total_out), 256, 0, stream>>>(
+                    total_out, det_make_walk5(go), gi, go, ax, grad_output.data_ptr<scalar_t>(), scaled_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
           adaptive_avg_pool_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
               <<<det_blocks(total), 256, 0, stream>>>(
                   total, walk, gi, go, ax, grad_input.data_ptr<scalar_t>(),
-                  grad_output.data_ptr<scalar_t>());
+                  grad_output.data_ptr<scalar_t>(), scaled_ptr);
         }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
@@ -129,12 +192,62 @@ struct det_avg_pool3d_params {
   int64_t divisor_override;  // 0: none
 };
 
+// The divisor of output cell (ot, oh, ow), as the forward and the atomic kernel compute it.
+template <typename idx_t>
+__device__ __forceinline__ idx_t det_avg_pool3d_divisor(
+    const det_avg_pool3d_params& prm, const idx_t* o, const idx_t* K, const idx_t* S, const idx_t* P,
+    const idx_t* I) {
+  if (prm.divisor_override) {
+    return static_cast<idx_t>(prm.divisor_override);
+  }
+  idx_t n_pad = 1, n = 1;
+  for (int a = 0; a < 3; ++a) {
+    const idx_t t0 = o[a] * S[a] - P[a];
+    const idx_t t1 = ::min(t0 + K[a], I[a] + P[a]);
+    n_pad *= t1 - t0;
+    n *= ::min(t1, I[a]) - ::max(t0, idx_t(0));
+  }
+  return prm.count_include_pad ? n_pad : n;
+}
+
+// grad_output / divisor once per output cell (the atomic kernel's division),
+// into scaled at grad_output's offsets: the gather then only adds.
+template <typename scalar_t, typename opmath_t, typename idx_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void avg_pool3d_backward_deterministic_scale_kernel(
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_avg_pool3d_params prm, const scalar_t* __restrict__ grad_output,
+    opmath_t* __restrict__ scaled) {
+  const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  idx_t K[3], S[3], P[3], I[3];
+  for (int a = 0; a < 3; ++a) {
+    K[a] = static_cast<idx_t>(prm.k[a]);
+    S[a] = static_cast<idx_t>(prm.s[a]);
+    P[a] = static_cast<idx_t>(prm.p[a]);
+    I[a] = static_cast<idx_t>(gi.size[2 + a]);
+  }
+  for (idx_t linear = static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x; linear < total;
+       linear += stride) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    const idx_t o[3] = {static_cast<idx_t>(idx[2]), static_cast<idx_t>(idx[3]), static_cast<idx_t>(idx[4])};
+    idx_t off = 0;
+    for (int a = 0; a < 5; ++a) {
+      off += static_cast<idx_t>(idx[a]) * static_cast<idx_t>(go.stride[a]);
+    }
+    scaled[off] = static_cast<opmath_t>(grad_output[off]) /
+        static_cast<opmath_t>(det_avg_pool3d_divisor(prm, o, K, S, P, I));
+  }
+}
+
+// scaled: null, or grad_output already divided (the scale kernel above).
 template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void avg_pool3d_backward_deterministic_kernel(
     const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_avg_pool3d_params prm,
-    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output,
+    const opmath_t* __restrict__ scaled) {
   const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
   idx_t K[3], S[3], P[3], I[3], O[3];
   for (int a = 0; a < 3; ++a) {
@@ -155,10 +268,23 @@ __global__ void avg_pool3d_backward_deterministic_kernel(
     for (int a = 0; a < 3; ++a) {
       det_pool_cover(static_cast<idx_t>(idx[2 + a]), K[a], prm.by_s[a], P[a], O[a], &lo[a], &hi[a]);
     }
-    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+    const idx_t plane = static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
         static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
-    opmath_t acc = static_cast<opmath_t>(0);
-    for (idx_t ot = lo[0]; ot <= hi[0]; ++ot) {
+    const scalar_t* gout = grad_output + plane;
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
+    if (scaled != nullptr) {
+      const opmath_t* sp = scaled + plane;
+      for (idx_t ot = lo[0]; ot <= hi[0]; ++ot) {
+        for (idx_t oh = lo[1]; oh <= hi[1]; ++oh) {
+          const opmath_t* row = sp + ot * gs2 + oh * gs3;
+          for (idx_t ow = lo[2]; ow <= hi[2]; ++ow) {
+            acc += static_cast<acc_t>(row[ow * gs4]);
+          }
+        }
+      }
+    }
+    for (idx_t ot = lo[0]; scaled == nullptr && ot <= hi[0]; ++ot) {
       const idx_t t0 = ot * S[0] - P[0];
       const idx_t t1 = ::min(t0 + K[0], I[0] + P[0]);
       const idx_t nt_pad = t1 - t0;
@@ -180,7 +306,7 @@ __global__ void avg_pool3d_backward_deterministic_kernel(
           } else {
             divisor = nth * (::min(w1, I[2]) - ::max(w0, idx_t(0)));
           }
-          acc += static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(divisor);
+          acc += static_cast<acc_t>(static_cast<opmath_t>(row[ow * gs4]) / static_cast<opmath_t>(divisor));
         }
       }
     }
@@ -221,16 +347,38 @@ static void avg_pool3d_backward_deterministic(
       "avg_pool3d_backward_cuda_deterministic", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         auto stream = at::cuda::getCurrentCUDAStream();
+        // divide once per output cell when grad_output is dense (its offsets
+        // then index a scratch buffer of the same size)
+        const int64_t total_out = grad_output.numel();
+        const bool prescale = total_out > 0 && det_span(go) == total_out;
+        c10::DataPtr scaled;
+        if (prescale) {
+          scaled = c10::cuda::CUDACachingAllocator::get()->allocate(total_out * sizeof(opmath_t));
+        }
+        opmath_t* scaled_ptr = static_cast<opmath_t*>(scaled.get());
         if (small) {
+          if (prescale) {
+            avg_pool3d_backward_deterministic_scale_kernel<scalar_t, opmath_t, int>
+                <<<det_blocks(total_out), 256, 0, stream>>>(
+                    static_cast<int>(total_out), det_make_walk5(go), gi, go, prm,
+                    grad_output.data_ptr<scalar_t>(), scaled_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
           avg_pool3d_backward_deterministic_kernel<scalar_t, opmath_t, int>
               <<<det_blocks(total), 256, 0, stream>>>(
                   static_cast<int>(total), walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
-                  grad_output.data_ptr<scalar_t>());
+                  grad_output.data_ptr<scalar_t>(), scaled_ptr);
         } else {
+          if (prescale) {
+            avg_pool3d_backward_deterministic_scale_kernel<scalar_t, opmath_t, int64_t>
+                <<<det_blocks(total_out), 256, 0, stream>>>(
+                    total_out, det_make_walk5(go), gi, go, prm, grad_output.data_ptr<scalar_t>(), scaled_ptr);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
           avg_pool3d_backward_deterministic_kernel<scalar_t, opmath_t, int64_t>
               <<<det_blocks(total), 256, 0, stream>>>(
                   total, walk, gi, go, prm, grad_input.data_ptr<scalar_t>(),
-                  grad_output.data_ptr<scalar_t>());
+                  grad_output.data_ptr<scalar_t>(), scaled_ptr);
         }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
@@ -269,6 +417,15 @@ __device__ __forceinline__ int det_pad_sources(
   if (in == out && pad_l == 0) {  // an axis the op does not pad
     lo[0] = x;
     hi[0] = x;
+    return 1;
+  }
+  // away from the borders an element has one source, the direct position
+  // (the general path below finds the same, slower)
+  const idx_t pad_r = out - in - pad_l;
+  const idx_t edge_l = reflection ? pad_l : idx_t(0), edge_r = reflection ? pad_r : idx_t(0);
+  if (pad_l >= 0 && pad_r >= 0 && x > edge_l && x < in - 1 - edge_r) {
+    lo[0] = u;
+    hi[0] = u;
     return 1;
   }
   if (!reflection) {
@@ -331,7 +488,8 @@ __global__ void pad_backward_deterministic_kernel(
     }
     const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
         static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
-    opmath_t acc = static_cast<opmath_t>(0);
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
     for (int rd = 0; rd < nr[0]; ++rd) {
       for (idx_t od = lo[0][rd]; od <= hi[0][rd]; ++od) {
         for (int rh = 0; rh < nr[1]; ++rh) {
@@ -339,7 +497,7 @@ __global__ void pad_backward_deterministic_kernel(
             const scalar_t* row = gout + od * gs2 + oh * gs3;
             for (int rw = 0; rw < nr[2]; ++rw) {
               for (idx_t ow = lo[2][rw]; ow <= hi[2][rw]; ++ow) {
-                acc += static_cast<opmath_t>(row[ow * gs4]);
+                acc += static_cast<acc_t>(row[ow * gs4]);
               }
             }
           }
@@ -404,9 +562,16 @@ static void pad_backward_deterministic(
 // per axis) evaluates the taps and weights of every output position with the
 // forward's arithmetic, and for every input position i the range of outputs
 // whose taps include it: the lowest and highest taps are non-decreasing in o,
-// so that range is contiguous and found by binary search. The gather kernel
-// then sums, per grad_input element, grad_output * (weights of the matching
-// taps) over that range, axis by axis, in ascending order.
+// so that range is contiguous and found by binary search; it also stores, per
+// input position, the weight of each output of its range (the sum of that
+// output's taps on it), up to a bound maxlen per axis (beyond it the gather
+// recomputes the same value from the taps). The gather kernel then sums, per
+// grad_input element, grad_output * weight_d * weight_h * weight_w over that
+// range, axis by axis, in ascending order. Where an element receives hundreds
+// of outputs and there are few elements (upsampling from a tiny input), one
+// warp per element: lane l sums terms l, l + 32, ... of the same order, then
+// a fixed shuffle tree adds the 32 partial sums; the assignment of terms to
+// lanes depends on the shapes only, so the result is bitwise reproducible.
 #define DET_INTERP_MAX_TAPS 4
 
 struct det_interp_axis {
@@ -415,6 +580,8 @@ struct det_interp_axis {
   int taps;            // K
   int64_t tap_offset;  // into the tap tables: out * DET_INTERP_MAX_TAPS entries
   int64_t range_offset;  // into the range table: 2 * in entries
+  int64_t maxlen;        // range weights kept per input position
+  int64_t weight_offset;  // into the range-weight table: in * maxlen entries
 };
 
 template <typename opmath_t>
@@ -451,10 +618,31 @@ __device__ __forceinline__ void det_cubic_weights(opmath_t t, opmath_t* c) {
 }
 
 template <typename opmath_t>
+__device__ __forceinline__ opmath_t det_interp_weight(
+    const int* ti, const opmath_t* wt, int taps, int64_t i) {
+  opmath_t w = static_cast<opmath_t>(0);
+  for (int k = 0; k < taps; ++k) {
+    if (ti[k] == i) {
+      w += wt[k];
+    }
+  }
+  return w;
+}
+
+// Weight of output o (j-th of input i's range) on i: from the range-weight
+// table when j < maxlen, else from the taps (the same value).
+template <typename opmath_t>
+__device__ __forceinline__ opmath_t det_interp_range_weight(
+    const opmath_t* table, int j, int maxlen, const int* ti, const opmath_t* wt, int taps, int64_t i) {
+  return j < maxlen ? table[j] : det_interp_weight(ti, wt, taps, i);
+}
+
+template <typename opmath_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void upsample_backward_deterministic_tables_kernel(
     const det_interp_params<opmath_t> prm,
-    int* __restrict__ tap_index, opmath_t* __restrict__ tap_weight, int* __restrict__ ranges) {
+    int* __restrict__ tap_index, opmath_t* __restrict__ tap_weight, int* __restrict__ ranges,
+    opmath_t* __restrict__ range_weight) {
   const det_interp_axis ax = prm.axis[blockIdx.x];
   const opmath_t scale = prm.scale[blockIdx.x];
   int* tidx = tap_index + ax.tap_offset;
@@ -514,19 +702,11 @@ __global__ void upsample_backward_deterministic_tables_kernel(
     }
     rg[2 * i] = static_cast<int>(begin);
     rg[2 * i + 1] = static_cast<int>(a);
-  }
-}
-
-template <typename opmath_t>
-__device__ __forceinline__ opmath_t det_interp_weight(
-    const int* ti, const opmath_t* wt, int taps, int64_t i) {
-  opmath_t w = static_cast<opmath_t>(0);
-  for (int k = 0; k < taps; ++k) {
-    if (ti[k] == i) {
-      w += wt[k];
+    opmath_t* rw = range_weight + ax.weight_offset + i * ax.maxlen;
+    for (int64_t o = begin; o < a && o - begin < ax.maxlen; ++o) {
+      rw[o - begin] = det_interp_weight(tidx + o * DET_INTERP_MAX_TAPS, tw + o * DET_INTERP_MAX_TAPS, ax.taps, i);
     }
   }
-  return w;
 }
 
 template <typename scalar_t, typename opmath_t, typename idx_t>
@@ -535,9 +715,11 @@ __global__ void upsample_backward_deterministic_gather_kernel(
     const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
     const det_interp_params<opmath_t> prm,
     const int* __restrict__ tap_index, const opmath_t* __restrict__ tap_weight,
-    const int* __restrict__ ranges,
+    const int* __restrict__ ranges, const opmath_t* __restrict__ range_weight,
     scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
   const idx_t stride = static_cast<idx_t>(blockDim.x) * gridDim.x;
+  const int ml_d = static_cast<int>(prm.axis[0].maxlen), ml_h = static_cast<int>(prm.axis[1].maxlen),
+            ml_w = static_cast<int>(prm.axis[2].maxlen);
   const int* ti_d = tap_index + prm.axis[0].tap_offset;
   const int* ti_h = tap_index + prm.axis[1].tap_offset;
   const int* ti_w = tap_index + prm.axis[2].tap_offset;
@@ -555,21 +737,25 @@ __global__ void upsample_backward_deterministic_gather_kernel(
     const int* rd = ranges + prm.axis[0].range_offset + 2 * d;
     const int* rh = ranges + prm.axis[1].range_offset + 2 * h;
     const int* rw = ranges + prm.axis[2].range_offset + 2 * w;
-    const int rw0 = rw[0], rw1 = rw[1];
+    const int rd0 = rd[0], rh0 = rh[0], rw0 = rw[0], rw1 = rw[1];
+    const opmath_t* rwt_d = range_weight + prm.axis[0].weight_offset + static_cast<int64_t>(d) * ml_d;
+    const opmath_t* rwt_h = range_weight + prm.axis[1].weight_offset + static_cast<int64_t>(h) * ml_h;
+    const opmath_t* rwt_w = range_weight + prm.axis[2].weight_offset + static_cast<int64_t>(w) * ml_w;
     const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
         static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
-    opmath_t acc = static_cast<opmath_t>(0);
-    for (int od = rd[0]; od < rd[1]; ++od) {
-      const opmath_t wd = det_interp_weight(ti_d + od * DET_INTERP_MAX_TAPS,
-                                            tw_d + od * DET_INTERP_MAX_TAPS, kd, d);
-      for (int oh = rh[0]; oh < rh[1]; ++oh) {
-        const opmath_t wdh = wd * det_interp_weight(ti_h + oh * DET_INTERP_MAX_TAPS,
-                                                    tw_h + oh * DET_INTERP_MAX_TAPS, kh, h);
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
+    for (int od = rd0; od < rd[1]; ++od) {
+      const opmath_t wd = det_interp_range_weight(rwt_d, od - rd0, ml_d, ti_d + od * DET_INTERP_MAX_TAPS,
+                                                  tw_d + od * DET_INTERP_MAX_TAPS, kd, d);
+      for (int oh = rh0; oh < rh[1]; ++oh) {
+        const opmath_t wdh = wd * det_interp_range_weight(rwt_h, oh - rh0, ml_h, ti_h + oh * DET_INTERP_MAX_TAPS,
+                                                          tw_h + oh * DET_INTERP_MAX_TAPS, kh, h);
         const scalar_t* row = gout + static_cast<idx_t>(od) * gs2 + static_cast<idx_t>(oh) * gs3;
         for (int ow = rw0; ow < rw1; ++ow) {
-          const opmath_t ww = det_interp_weight(ti_w + ow * DET_INTERP_MAX_TAPS,
-                                                tw_w + ow * DET_INTERP_MAX_TAPS, kw, w);
-          acc += static_cast<opmath_t>(row[static_cast<idx_t>(ow) * gs4]) * (wdh * ww);
+          const opmath_t ww = det_interp_range_weight(rwt_w, ow - rw0, ml_w, ti_w + ow * DET_INTERP_MAX_TAPS,
+                                                      tw_w + ow * DET_INTERP_MAX_TAPS, kw, w);
+          acc += static_cast<acc_t>(static_cast<opmath_t>(row[static_cast<idx_t>(ow) * gs4]) * (wdh * ww));
         }
       }
     }
@@ -579,6 +765,86 @@ __global__ void upsample_backward_deterministic_gather_kernel(
                static_cast<idx_t>(h) * static_cast<idx_t>(gi.stride[3]) +
                static_cast<idx_t>(w) * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
   }
+}
+
+// One warp per grad_input element (few elements, long ranges): lane l takes
+// terms l, l + 32, ... of the element's (od, oh, ow) order, then a fixed
+// shuffle tree adds the lanes' sums. The term of each lane and the tree depend
+// on the shapes only: bitwise reproducible.
+template <typename scalar_t, typename opmath_t, typename idx_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void upsample_backward_deterministic_warp_kernel(
+    const idx_t total, const det_walk5 walk, const det_view5 gi, const det_view5 go,
+    const det_interp_params<opmath_t> prm,
+    const int* __restrict__ tap_index, const opmath_t* __restrict__ tap_weight,
+    const int* __restrict__ ranges, const opmath_t* __restrict__ range_weight,
+    scalar_t* __restrict__ grad_input, const scalar_t* __restrict__ grad_output) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const idx_t warps = (static_cast<idx_t>(blockDim.x) * gridDim.x) >> 5;
+  const int* ti_d = tap_index + prm.axis[0].tap_offset;
+  const int* ti_h = tap_index + prm.axis[1].tap_offset;
+  const int* ti_w = tap_index + prm.axis[2].tap_offset;
+  const opmath_t* tw_d = tap_weight + prm.axis[0].tap_offset;
+  const opmath_t* tw_h = tap_weight + prm.axis[1].tap_offset;
+  const opmath_t* tw_w = tap_weight + prm.axis[2].tap_offset;
+  const int kd = prm.axis[0].taps, kh = prm.axis[1].taps, kw = prm.axis[2].taps;
+  const int ml_d = static_cast<int>(prm.axis[0].maxlen), ml_h = static_cast<int>(prm.axis[1].maxlen),
+            ml_w = static_cast<int>(prm.axis[2].maxlen);
+  const idx_t gs2 = static_cast<idx_t>(go.stride[2]), gs3 = static_cast<idx_t>(go.stride[3]),
+              gs4 = static_cast<idx_t>(go.stride[4]);
+  // the loop bound is the same for all lanes of a warp, so the shuffles below see full warps
+  for (idx_t linear = (static_cast<idx_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; linear < total;
+       linear += warps) {
+    int64_t idx[5];
+    det_unravel5(walk, linear, idx);
+    const int d = static_cast<int>(idx[2]), h = static_cast<int>(idx[3]), w = static_cast<int>(idx[4]);
+    const int* rd = ranges + prm.axis[0].range_offset + 2 * d;
+    const int* rh = ranges + prm.axis[1].range_offset + 2 * h;
+    const int* rw = ranges + prm.axis[2].range_offset + 2 * w;
+    const int rd0 = rd[0], rh0 = rh[0], rw0 = rw[0];
+    const int nh = rh[1] - rh0, nw = rw[1] - rw0;
+    const int nhw = nh * nw;
+    const int terms = (rd[1] - rd0) * nhw;
+    const opmath_t* rwt_d = range_weight + prm.axis[0].weight_offset + static_cast<int64_t>(d) * ml_d;
+    const opmath_t* rwt_h = range_weight + prm.axis[1].weight_offset + static_cast<int64_t>(h) * ml_h;
+    const opmath_t* rwt_w = range_weight + prm.axis[2].weight_offset + static_cast<int64_t>(w) * ml_w;
+    const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
+        static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
+    for (int t = lane; t < terms; t += 32) {
+      const int jd = t / nhw;
+      const int r = t - jd * nhw;
+      const int jh = r / nw;
+      const int jw = r - jh * nw;
+      const int od = rd0 + jd, oh = rh0 + jh, ow = rw0 + jw;
+      const opmath_t wd = det_interp_range_weight(rwt_d, jd, ml_d, ti_d + od * DET_INTERP_MAX_TAPS,
+                                                  tw_d + od * DET_INTERP_MAX_TAPS, kd, d);
+      const opmath_t wdh = wd * det_interp_range_weight(rwt_h, jh, ml_h, ti_h + oh * DET_INTERP_MAX_TAPS,
+                                                        tw_h + oh * DET_INTERP_MAX_TAPS, kh, h);
+      const opmath_t ww = det_interp_range_weight(rwt_w, jw, ml_w, ti_w + ow * DET_INTERP_MAX_TAPS,
+                                                  tw_w + ow * DET_INTERP_MAX_TAPS, kw, w);
+      acc += static_cast<acc_t>(static_cast<opmath_t>(
+          gout[static_cast<idx_t>(od) * gs2 + static_cast<idx_t>(oh) * gs3 + static_cast<idx_t>(ow) * gs4]) *
+          (wdh * ww));
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      acc += __shfl_down_sync(0xffffffffu, acc, offset);
+    }
+    if (lane == 0) {
+      grad_input[static_cast<idx_t>(idx[0]) * static_cast<idx_t>(gi.stride[0]) +
+                 static_cast<idx_t>(idx[1]) * static_cast<idx_t>(gi.stride[1]) +
+                 static_cast<idx_t>(d) * static_cast<idx_t>(gi.stride[2]) +
+                 static_cast<idx_t>(h) * static_cast<idx_t>(gi.stride[3]) +
+                 static_cast<idx_t>(w) * static_cast<idx_t>(gi.stride[4])] = static_cast<scalar_t>(acc);
+    }
+  }
+}
+
+// Blocks of 256 threads (8 warps) for one warp per element.
+static inline int det_warp_blocks(int64_t n) {
+  const int64_t blocks = (n + 7) / 8;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks < (int64_t(1) << 20) ? blocks : (int64_t(1) << 20)));
 }
 
 template <typename scalar_t, typename opmath_t>
@@ -594,7 +860,8 @@ static void upsample_backward_deterministic_run(
   }
   det_interp_params<opmath_t> prm;
   prm.align_corners = align_corners;
-  int64_t taps_total = 0, ranges_total = 0;
+  int64_t taps_total = 0, ranges_total = 0, weights_total = 0;
+  double terms = 1.0;  // about how many outputs feed one input element
   for (int a = 0; a < 3; ++a) {
     det_interp_axis& ax = prm.axis[a];
     ax.in = gi.size[2 + a];
@@ -604,8 +871,23 @@ static void upsample_backward_deterministic_run(
     ax.taps = ax.kind == 0 ? 1 : (ax.kind == 1 ? 2 : 4);
     ax.tap_offset = taps_total;
     ax.range_offset = ranges_total;
+    // outputs whose taps reach one input: about (taps + 1) / scale, plus the
+    // clamped ones at the edges; a longer range reads its tail from the taps
+    int64_t maxlen = 1;
+    if (ax.kind != 0) {
+      maxlen = scales[a] > 0.0 ? static_cast<int64_t>(std::ceil((ax.taps + 1) / scales[a])) + 3 : ax.out;
+      maxlen = std::min<int64_t>(std::max<int64_t>(maxlen, 1), std::max<int64_t>(ax.out, 1));
+      if (ax.in * maxlen > (int64_t(1) << 24)) {
+        maxlen = 0;  // table too large for its worth: all weights from the taps
+      }
+      terms *= scales[a] > 0.0 ? std::min<double>(static_cast<double>(ax.out), ax.taps / scales[a])
+                               : static_cast<double>(ax.out);
+    }
+    ax.maxlen = maxlen;
+    ax.weight_offset = weights_total;
     taps_total += ax.out * DET_INTERP_MAX_TAPS;
     ranges_total += 2 * ax.in;
+    weights_total += ax.in * maxlen;
     prm.scale[a] = static_cast<opmath_t>(scales[a]);  // exact: scales[a] came from opmath_t
   }
   TORCH_CHECK(taps_total < std::numeric_limits<int>::max() &&
@@ -616,24 +898,35 @@ static void upsample_backward_deterministic_run(
   c10::DataPtr tap_index = allocator->allocate(taps_total * sizeof(int));
   c10::DataPtr tap_weight = allocator->allocate(taps_total * sizeof(opmath_t));
   c10::DataPtr ranges = allocator->allocate(ranges_total * sizeof(int));
+  c10::DataPtr range_weight = allocator->allocate(std::max<int64_t>(weights_total, 1) * sizeof(opmath_t));
   upsample_backward_deterministic_tables_kernel<opmath_t><<<3, 256, 0, stream>>>(
       prm, static_cast<int*>(tap_index.get()), static_cast<opmath_t*>(tap_weight.get()),
-      static_cast<int*>(ranges.get()));
+      static_cast<int*>(ranges.get()), static_cast<opmath_t*>(range_weight.get()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const det_walk5 walk = det_make_walk5(gi);
+  const int* ti = static_cast<const int*>(tap_index.get());
+  const opmath_t* tw = static_cast<const opmath_t*>(tap_weight.get());
+  const int* rg = static_cast<const int*>(ranges.get());
+  const opmath_t* rwt = static_cast<const opmath_t*>(range_weight.get());
+  // a warp per element when each element sums hundreds of terms and the
+  // elements alone would not fill the GPU (a choice by the shapes only)
+  const bool per_warp = terms >= 256.0 && total <= (int64_t(1) << 20);
   if (det_fits_int32(gi) && det_fits_int32(go)) {
-    upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t, int>
-        <<<det_blocks(total), 256, 0, stream>>>(
-            static_cast<int>(total), walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
-            static_cast<const opmath_t*>(tap_weight.get()),
-            static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
-            grad_output.data_ptr<scalar_t>());
+    if (per_warp) {
+      upsample_backward_deterministic_warp_kernel<scalar_t, opmath_t, int>
+          <<<det_warp_blocks(total), 256, 0, stream>>>(
+              static_cast<int>(total), walk, gi, go, prm, ti, tw, rg, rwt, grad_input.data_ptr<scalar_t>(),
+              grad_output.data_ptr<scalar_t>());
+    } else {
+      upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t, int>
+          <<<det_blocks(total), 256, 0, stream>>>(
+              static_cast<int>(total), walk, gi, go, prm, ti, tw, rg, rwt, grad_input.data_ptr<scalar_t>(),
+              grad_output.data_ptr<scalar_t>());
+    }
   } else {
     upsample_backward_deterministic_gather_kernel<scalar_t, opmath_t, int64_t>
         <<<det_blocks(total), 256, 0, stream>>>(
-            total, walk, gi, go, prm, static_cast<const int*>(tap_index.get()),
-            static_cast<const opmath_t*>(tap_weight.get()),
-            static_cast<const int*>(ranges.get()), grad_input.data_ptr<scalar_t>(),
+            total, walk, gi, go, prm, ti, tw, rg, rwt, grad_input.data_ptr<scalar_t>(),
             grad_output.data_ptr<scalar_t>());
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -817,7 +1110,8 @@ __global__ void argmax_gather_backward_deterministic_kernel(
         hi[a] = oo[a] + rad > static_cast<int>(prm.out[a]) - 1 ? static_cast<int>(prm.out[a]) - 1 : oo[a] + rad;
       }
     }
-    opmath_t acc = static_cast<opmath_t>(0);
+    using acc_t = det_gather_acc_t<scalar_t>;
+    acc_t acc = static_cast<acc_t>(0);
     bool leader = true;
     for (int d = lo[0]; leader && d <= hi[0]; ++d) {
       for (int h = lo[1]; leader && h <= hi[1]; ++h) {
@@ -829,7 +1123,7 @@ __global__ void argmax_gather_backward_deterministic_kernel(
               leader = false;
               break;
             }
-            acc += static_cast<opmath_t>(grad_output[o2]);
+            acc += static_cast<acc_t>(grad_output[o2]);
           }
         }
       }

@@ -21,6 +21,11 @@ void detbw_grid_sampler_2d_backward(
     const at::TensorBase& grad_output, const at::TensorBase& input,
     const at::TensorBase& grid, int64_t interpolation_mode, int64_t padding_mode,
     bool align_corners, bool input_requires_grad);
+void detbw_grid_sampler_3d_backward(
+    const at::TensorBase& grad_input, const at::TensorBase& grad_grid,
+    const at::TensorBase& grad_output, const at::TensorBase& input,
+    const at::TensorBase& grid, int64_t interpolation_mode, int64_t padding_mode,
+    bool align_corners, bool input_requires_grad);
 void detbw17_adaptive_avg_pool_backward(const at::TensorBase& gi, const at::TensorBase& go,
                                         int64_t spatial);
 void detbw17_avg_pool3d_backward(const at::TensorBase& gi, const at::TensorBase& go,
@@ -44,8 +49,39 @@ void detbw17_max_unpool(const at::TensorBase& out, const at::TensorBase& in,
                         const at::TensorBase& ind, int64_t planes, int64_t in_plane,
                         int64_t out_plane);
 
+// The same kernels with the fp32 gathers accumulating in float (build17.py generates that unit).
+void detbw17f_adaptive_avg_pool_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                        int64_t spatial);
+void detbw17f_avg_pool3d_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                 int64_t kT, int64_t kH, int64_t kW, int64_t dT, int64_t dH,
+                                 int64_t dW, int64_t pT, int64_t pH, int64_t pW,
+                                 bool count_include_pad, int64_t divisor_override);
+void detbw17f_pad_backward(const at::TensorBase& gi, const at::TensorBase& go, int64_t spatial,
+                          bool reflection, int64_t pad_front, int64_t pad_top, int64_t pad_left);
+void detbw17f_upsample_backward(const at::TensorBase& gi, const at::TensorBase& go, int64_t spatial,
+                               bool cubic, bool align_corners, double sd, double sh, double sw);
+void detbw17f_index_scatter_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                    const at::TensorBase& ind, int64_t planes, int64_t in_plane,
+                                    int64_t out_plane, int64_t max_hits);
+int64_t detbw17f_windows_covering(int64_t k, int64_t s, int64_t d);
+bool detbw17f_argmax_gather_backward(const at::TensorBase& gi, const at::TensorBase& go,
+                                    const at::TensorBase& ind, int64_t spatial,
+                                    const int64_t* in_size, const int64_t* out_size, bool from_target,
+                                    const int64_t* kernel, const int64_t* stride,
+                                    const int64_t* padding, const int64_t* dilation);
+void detbw17f_max_unpool(const at::TensorBase& out, const at::TensorBase& in,
+                        const at::TensorBase& ind, int64_t planes, int64_t in_plane,
+                        int64_t out_plane);
+
 using at::IntArrayRef;
 using at::Tensor;
+
+// set_float_accumulation(True): the wrappers below call the float-accumulation copies (to measure
+// what accumulating fp32 gathers in double costs and gains); the registered kernels are chosen at
+// call time too, so keep it off while training.
+static bool g_float_accumulation = false;
+void set_float_accumulation(bool on) { g_float_accumulation = on; }
+#define DETBW17_PICK(fn) (g_float_accumulation ? detbw17f_##fn : detbw17_##fn)
 
 static int64_t pick(IntArrayRef v, size_t i, int64_t dflt) {
   if (v.empty()) return dflt;
@@ -57,13 +93,13 @@ static at::MemoryFormat fmt_of(const Tensor& t) { return t.suggest_memory_format
 // --- adaptive / average pooling ------------------------------------------------
 Tensor adaptive_avg_pool2d_backward(const Tensor& grad_output, const Tensor& self) {
   Tensor gi = at::empty_like(self, fmt_of(self));
-  detbw17_adaptive_avg_pool_backward(gi, grad_output, 2);
+  DETBW17_PICK(adaptive_avg_pool_backward)(gi, grad_output, 2);
   return gi;
 }
 
 Tensor adaptive_avg_pool3d_backward(const Tensor& grad_output, const Tensor& self) {
   Tensor gi = at::empty_like(self, fmt_of(self));
-  detbw17_adaptive_avg_pool_backward(gi, grad_output, 3);
+  DETBW17_PICK(adaptive_avg_pool_backward)(gi, grad_output, 3);
   return gi;
 }
 
@@ -72,7 +108,7 @@ Tensor avg_pool3d_backward(const Tensor& grad_output, const Tensor& self, IntArr
                            bool count_include_pad, std::optional<int64_t> divisor_override) {
   Tensor gi = at::empty_like(self, fmt_of(self));
   const int64_t kT = pick(kernel_size, 0, 1), kH = pick(kernel_size, 1, 1), kW = pick(kernel_size, 2, 1);
-  detbw17_avg_pool3d_backward(gi, grad_output, kT, kH, kW, pick(stride, 0, kT),
+  DETBW17_PICK(avg_pool3d_backward)(gi, grad_output, kT, kH, kW, pick(stride, 0, kT),
                               pick(stride, 1, kH), pick(stride, 2, kW), pick(padding, 0, 0),
                               pick(padding, 1, 0), pick(padding, 2, 0), count_include_pad,
                               divisor_override.has_value() ? *divisor_override : 0);
@@ -86,7 +122,7 @@ static Tensor pad_bw(const Tensor& grad_output, const Tensor& self, IntArrayRef 
   const int64_t left = padding[0];
   const int64_t top = spatial >= 2 ? padding[2] : 0;
   const int64_t front = spatial >= 3 ? padding[4] : 0;
-  detbw17_pad_backward(gi, grad_output, spatial, reflection, front, top, left);
+  DETBW17_PICK(pad_backward)(gi, grad_output, spatial, reflection, front, top, left);
   return gi;
 }
 Tensor reflection_pad1d_backward(const Tensor& g, const Tensor& s, IntArrayRef p) { return pad_bw(g, s, p, 1, true); }
@@ -125,7 +161,7 @@ static Tensor upsample_bw(const Tensor& grad_output, IntArrayRef input_size, int
     const int64_t dim = nd - spatial + k;
     s[a] = scale_of(grad_output, input_size[dim], grad_output.size(dim), align_corners, given[a]);
   }
-  detbw17_upsample_backward(gi, grad_output, spatial, cubic, align_corners, s[0], s[1], s[2]);
+  DETBW17_PICK(upsample_backward)(gi, grad_output, spatial, cubic, align_corners, s[0], s[1], s[2]);
   return gi;
 }
 Tensor upsample_linear1d_backward(const Tensor& g, IntArrayRef output_size, IntArrayRef input_size,
@@ -204,7 +240,7 @@ static Tensor argmax_gather_bw(const Tensor& grad_output, const Tensor& self, co
   Tensor gi = at::empty(self.sizes(), self.options());
   const Tensor go = grad_output.contiguous();
   const Tensor ind = indices.contiguous();
-  TORCH_CHECK(detbw17_argmax_gather_backward(gi, go, ind, spatial, in_size, out_size, from_target, k, s, p, d),
+  TORCH_CHECK(DETBW17_PICK(argmax_gather_backward)(gi, go, ind, spatial, in_size, out_size, from_target, k, s, p, d),
               "argmax gather: sizes beyond the 32-bit path");
   const auto fmt = fmt_of(self);
   return fmt == at::MemoryFormat::Contiguous ? gi : gi.contiguous(fmt);
@@ -286,6 +322,18 @@ std::tuple<Tensor, Tensor> grid_sampler_2d_backward(const Tensor& grad_output, c
   return std::make_tuple(grad_input, grad_grid);
 }
 
+// PT-0222: the caller (grid_sampler_3d_backward_cuda) allocates as in 1.13.1
+std::tuple<Tensor, Tensor> grid_sampler_3d_backward(const Tensor& grad_output, const Tensor& input,
+                                                    const Tensor& grid, int64_t interpolation_mode,
+                                                    int64_t padding_mode, bool align_corners,
+                                                    std::array<bool, 2> output_mask) {
+  Tensor grad_input = output_mask[0] ? at::zeros_like(input, at::MemoryFormat::Contiguous) : Tensor();
+  Tensor grad_grid = at::empty_like(grid, at::MemoryFormat::Contiguous);
+  detbw_grid_sampler_3d_backward(grad_input, grad_grid, grad_output, input, grid, interpolation_mode,
+                                 padding_mode, align_corners, output_mask[0]);
+  return std::make_tuple(grad_input, grad_grid);
+}
+
 // --- dispatcher registration ----------------------------------------------------------
 // The same torch::Library object TORCH_LIBRARY_IMPL(aten, CUDA, m) creates at load
 // time; made on request so that one process can first measure torch's own kernels.
@@ -323,6 +371,7 @@ std::vector<std::string> register_aten_cuda() {
   DETBW_IMPL("max_unpool3d", max_unpool3d);
   DETBW_IMPL("adaptive_max_pool2d_backward", adaptive_max_pool2d_backward);
   DETBW_IMPL("grid_sampler_2d_backward", grid_sampler_2d_backward);
+  DETBW_IMPL("grid_sampler_3d_backward", grid_sampler_3d_backward);
 #undef DETBW_IMPL
   return errors;
 }
@@ -351,5 +400,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_unpool3d", &max_unpool3d);
   m.def("adaptive_max_pool2d_backward", &adaptive_max_pool2d_backward);
   m.def("grid_sampler_2d_backward", &grid_sampler_2d_backward);
+  m.def("grid_sampler_3d_backward", &grid_sampler_3d_backward);
   m.def("register_aten_cuda", &register_aten_cuda);
+  m.def("set_float_accumulation", &set_float_accumulation);
 }

@@ -4,8 +4,12 @@
 The two marked sections of det_kernels.cuh (the code the GPU harness proved) are
 copied verbatim into torch 1.13.1's AdaptiveMaxPooling2d.cu and GridSampler.cu,
 the deterministic path is wired in under at::globalContext().deterministicAlgorithms(),
-and each change is committed in a scratch git repository of the pristine tree and
-exported with git format-patch.
+and each change is committed in a scratch git repository and exported with git
+format-patch. The scratch repository walks the 1.13.1 series in order (walk_series):
+every patch before the one being made is applied first, so patches that touch the same
+file (upstream's test/test_torch.py, whose test_nondeterministic_alert_* expectations
+each patch updates for its own ops) apply in series order, and the rest of the series
+is applied after it to check that the whole series still applies.
 
     python3 harness/deterministic_backward/make_patches.py \
         --tree /tmp/detbw/pytorch-1.13.1 --out patches/1.13.1
@@ -60,6 +64,10 @@ in fp64, it agrees with the atomic kernel to rounding, and at
 32x256x33x33 -> 7x7 it takes 0.87x the atomic kernel's time (fp32;
 0.77x in fp16), the zero fill included.
 
+Upstream's test_nondeterministic_alert_AdaptiveMaxPool2d (test/test_torch.py)
+expected the alert on CUDA; it now expects none there (the CPU never
+alerted).
+
 Patch-Id: PT-0201
 Applies-To: ==1.13.1
 Category: determinism
@@ -109,6 +117,9 @@ torch.autograd.gradcheck passes in fp64 for all 12 mode combinations,
 grad_grid equals the atomic kernel's bitwise in fp32/fp64, and at
 8x64x128x128 with a 128x128 grid it takes 0.80x the atomic kernel's time
 for bilinear fp32 (0.67x fp16, 1.67x nearest fp32).
+
+Upstream's test_nondeterministic_alert_grid_sample_2d (test/test_torch.py,
+bilinear) expected the alert on CUDA; it now expects none there.
 
 Patch-Id: PT-0202
 Applies-To: ==1.13.1
@@ -231,6 +242,95 @@ def patch_gs(src):
     return src
 
 
+TEST_TORCH = "test/test_torch.py"
+
+
+def _alert_test_span(src, test):
+    """[start, end) of upstream's test_nondeterministic_alert_<test> method in test_torch.py."""
+    head = f"    def test_nondeterministic_alert_{test}(self, device"
+    if src.count(head) != 1:
+        raise SystemExit(f"{TEST_TORCH}: expected one test_nondeterministic_alert_{test}")
+    start = src.index(head)
+    end = src.index("\n    def ", start + len(head))
+    return start, end
+
+
+def expect_no_cuda_alert(src, test, patch_id):
+    """Upstream's alert test of an op that `patch_id` makes deterministic on CUDA: it expected
+    the alert where the device is CUDA (and none on the CPU); now none anywhere."""
+    start, end = _alert_test_span(src, test)
+    body = src[start:end]
+    old = "            torch.device(device).type == 'cuda')\n"
+    if body.count(old) != 1:
+        raise SystemExit(f"{TEST_TORCH}: test_nondeterministic_alert_{test} has no CUDA-only expectation")
+    body = body.replace(old, f"            False)  # {patch_id}: deterministic on CUDA too\n")
+    return src[:start] + body + src[end:]
+
+
+def expect_cpu_alert_only(src, test, caller, patch_id):
+    """An alert test that expected the alert on every device (max_unpool: the CPU kernel races
+    too): with `patch_id` CUDA no longer alerts, the CPU still does."""
+    start, end = _alert_test_span(src, test)
+    body = src[start:end]
+    old = f"            '{caller}')\n"
+    if body.count(old) != 1:
+        raise SystemExit(f"{TEST_TORCH}: test_nondeterministic_alert_{test} does not end with {caller!r}")
+    body = body.replace(old, f"            '{caller}',\n"
+                             f"            torch.device(device).type != 'cuda')  # {patch_id}: CUDA deterministic\n")
+    return src[:start] + body + src[end:]
+
+
+def read_series(out_dir):
+    with open(os.path.join(out_dir, "series")) as f:
+        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
+
+
+def walk_series(tree, out_dir, specs):
+    """Regenerate the patches of `specs` (file name -> (transforms by path, commit message))
+    in series order on a scratch copy of `tree`: each one on top of every series patch before
+    it; the others of the series are applied as they are, so a patch that no longer applies
+    in order stops the run."""
+    names = read_series(out_dir)
+    missing = [n for n in specs if n not in names]
+    if missing:
+        raise SystemExit(f"not in {out_dir}/series: {', '.join(missing)} (append them first)")
+    with tempfile.TemporaryDirectory(prefix="detbw-series-", dir="/tmp") as scratch:
+        repo = os.path.join(scratch, "repo")
+        shutil.copytree(tree, repo, symlinks=True)
+        git(repo, "init", "-q")
+        git(repo, "add", "--force", "-A")
+        git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
+        for name in names:
+            path = os.path.join(out_dir, name)
+            if name in specs:
+                transforms, message = specs[name]
+                for rel, transform in transforms.items():
+                    target = os.path.join(repo, rel)
+                    with open(target) as f:
+                        src = f.read()
+                    with open(target, "w") as f:
+                        f.write(transform(src))
+                    git(repo, "add", "--force", rel)
+                msg_file = os.path.join(scratch, "msg")
+                with open(msg_file, "w") as f:
+                    f.write(message)
+                git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
+                patch = git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                            "--full-index", "HEAD")
+                with open(path, "wb") as f:
+                    f.write(patch)
+                print("wrote", path)
+            else:
+                if not os.path.exists(path):
+                    # a patch appended to the series but not written yet (its generator runs next)
+                    print(f"stopped before {name}: not written yet; the rest of the series is unchecked")
+                    return
+
+                subprocess.run(["git", "apply", "--index", os.path.abspath(path)], cwd=repo, check=True)
+                git(repo, "commit", "-q", "--no-verify", "-m", name)
+        print(f"all {len(names)} patches of the series apply in order")
+
+
 def git(repo, *args, env=None):
     full_env = dict(os.environ)
     full_env.update({
@@ -272,18 +372,23 @@ def make_one(tree, scratch, relpath, transform, message, out_path):
     print("wrote", out_path)
 
 
+SPECS = {
+    "0201-deterministic-adaptive-max-pool2d-backward.patch": (
+        {AMP_FILE: patch_amp,
+         TEST_TORCH: lambda src: expect_no_cuda_alert(src, "AdaptiveMaxPool2d", "PT-0201")}, AMP_MESSAGE),
+    "0202-deterministic-grid-sampler-2d-backward.patch": (
+        {GS_FILE: patch_gs,
+         TEST_TORCH: lambda src: expect_no_cuda_alert(src, "grid_sample_2d", "PT-0202")}, GS_MESSAGE),
+}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
     ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
     args = ap.parse_args()
     tree = os.path.abspath(args.tree)
-    os.makedirs(args.out, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="detbw-patches-", dir="/tmp") as scratch:
-        make_one(tree, scratch, AMP_FILE, patch_amp, AMP_MESSAGE,
-                 os.path.join(args.out, "0201-deterministic-adaptive-max-pool2d-backward.patch"))
-        make_one(tree, scratch, GS_FILE, patch_gs, GS_MESSAGE,
-                 os.path.join(args.out, "0202-deterministic-grid-sampler-2d-backward.patch"))
+    walk_series(tree, args.out, SPECS)
     return 0
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Make patches/1.13.1/0203-*.patch .. 0211-*.patch (issue 17) from det_accumulate.cuh and
-det_kernels17.cuh.
+"""Make patches/1.13.1/0203-*.patch .. 0211-*.patch and 0222-*.patch (issue 17) from
+det_accumulate.cuh, det_kernels17.cuh and (PT-0222) det_kernels.cuh's grid_sampler_3d section.
 
 The marked sections of the two headers (the code the H200 harness proved, see
 run_harness17.py) are copied verbatim into each torch 1.13.1 .cu file that needs them, in an
@@ -8,8 +8,10 @@ anonymous namespace at the top of at::native; the file's backward (max_unpool: f
 the deterministic path when at::globalContext().deterministicAlgorithms() is set, and keeps
 its atomic kernel (and its alertNotDeterministic, which now fires only for the types the
 deterministic kernel does not cover, e.g. complex) otherwise. Each patch is committed in a
-scratch git repository of the pristine tree and exported with git format-patch, as
-make_patches.py does for PT-0201/0202.
+scratch git repository and exported with git format-patch, on top of the series patches
+before it (make_patches.walk_series): each patch also updates upstream's
+test_nondeterministic_alert_* tests of its own ops in test/test_torch.py, so patches touch
+that file one after another. Run make_patches.py (PT-0201/0202) first.
 
     python3 harness/deterministic_backward/make_patches17.py \
         --tree /tmp/detbw/pytorch-1.13.1 --out patches/1.13.1
@@ -27,13 +29,16 @@ import make_patches as mp  # noqa: E402  (git helpers, identity and date)
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUDA = "aten/src/ATen/native/cuda/"
 ISSUES = "https://github.com/pytorch/pytorch/issues/"
-EVIDENCE = ("evidence/gpu/deterministic-issue17-ops.json and "
-            "deterministic-issue17-training.json in the patcher repository")
+EVIDENCE = ("evidence/gpu/deterministic-issue17-ops.json, -ops-v2*.json and "
+            "-training*.json in the patcher repository")
+EVIDENCE_GS3D = "evidence/gpu/deterministic-issue17-gridsample3d.json in the patcher repository"
 
 
-def sections(*names):
-    text = open(os.path.join(HERE, "det_accumulate.cuh")).read() + open(
-        os.path.join(HERE, "det_kernels17.cuh")).read()
+KERNEL_HEADERS = ("det_accumulate.cuh", "det_kernels17.cuh")
+
+
+def sections(*names, headers=KERNEL_HEADERS):
+    text = "".join(open(os.path.join(HERE, h)).read() for h in headers)
     out = []
     for name in names:
         begin, end = f"// BEGIN {name}\n", f"// END {name}\n"
@@ -71,10 +76,10 @@ def add_includes(src, extra=()):
     return replace_once(src, anchor, anchor + "".join(w + "\n" for w in want))
 
 
-def add_sections(src, names):
-    block = ("\n// Deterministic kernels (patcher, issue 17): one writer per element or\n"
+def add_sections(src, names, headers=KERNEL_HEADERS, issue="17"):
+    block = (f"\n// Deterministic kernels (patcher, issue {issue}): one writer per element or\n"
              "// order-independent integer sums; see the comments in each section.\n"
-             "namespace {\n\n" + sections(*names) + "\n} // namespace\n")
+             "namespace {\n\n" + sections(*names, headers=headers) + "\n} // namespace\n")
     return replace_once(src, "namespace native {\n", "namespace native {\n" + block)
 
 
@@ -98,8 +103,11 @@ def det_branch(indent, cond, body, alert):
 
 
 # --- per-file transforms ---------------------------------------------------------------------
+ALLOCATOR = ["#include <c10/cuda/CUDACachingAllocator.h>"]
+
+
 def t_adaptive2d(src):
-    src = add_includes(src)
+    src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "adaptive_avg_pool"])
     src = replace_once(
         src,
@@ -124,7 +132,7 @@ def t_adaptive2d(src):
 
 
 def t_adaptive3d(src):
-    src = add_includes(src)
+    src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "adaptive_avg_pool"])
     for name in ("adaptive_avg_pool3d_backward_out_cuda", "adaptive_avg_pool3d_backward_cuda"):
         src = replace_once(
@@ -145,7 +153,7 @@ def t_adaptive3d(src):
 
 
 def t_avgpool3d(src):
-    src = add_includes(src)
+    src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "avg_pool3d"])
     src = replace_once(
         src,
@@ -452,6 +460,41 @@ def t_unpool(src):
     return src
 
 
+ROUND_NEAREST_3D = """\
+// The rounding of this file's 3-D nearest kernels (::round, half away from
+// zero), for the deterministic grid_sampler_3d backward below.
+template <typename T>
+__device__ __forceinline__ T grid_sampler_3d_round_nearest(T v) {
+  return ::round(v);
+}
+
+"""
+
+
+def t_grid_sampler_3d(src):
+    """GridSampler.cu with PT-0202 applied: the 3-D section after the 2-D one, and the branch."""
+    section2d = mp.section("grid_sampler_2d")
+    src = replace_once(src, section2d, section2d + "\n" + ROUND_NEAREST_3D + mp.section("grid_sampler_3d"))
+    src = replace_once(
+        src,
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"grid_sampler_3d_backward_cuda\");\n",
+        "  // See Note [Writing Nondeterministic Operations]\n"
+        "  // The default kernel accumulates grad_input with atomicAdd. Under\n"
+        "  // torch.use_deterministic_algorithms(True) an atomic-free kernel with a\n"
+        "  // fixed order of additions is used (trilinear and nearest: all 3-D modes).\n"
+        "  if (globalContext().deterministicAlgorithms()) {\n"
+        "    grid_sampler_3d_backward_deterministic(\n"
+        "        grad_input, grad_grid, grad_output, input, grid, interpolation_mode,\n"
+        "        padding_mode, align_corners, /*input_requires_grad=*/output_mask[0]);\n"
+        "    return;\n"
+        "  }\n"
+        "  // Nondeterministic because of atomicAdd usage\n"
+        "  globalContext().alertNotDeterministic(\"grid_sampler_3d_backward_cuda\");\n")
+    return src
+
+
 # --- the patches -----------------------------------------------------------------------------
 def trailers(pid, bug, fix, probe, tests):
     return (f"\nPatch-Id: {pid}\nApplies-To: ==1.13.1\nCategory: determinism\nUpstream-Bug: {bug}\n"
@@ -465,8 +508,29 @@ it was built as a torch 2.11 extension and proved on an NVIDIA H200:
 bitwise identical over 25 repeats in every case, error against an fp64
 reference, fp64 gradcheck, time against torch's atomic kernel, and real
 networks trained twice through the dispatcher with the flag on ({ev}).
-torch's own test_nondeterministic_alert_{alert_test} (test/test_torch.py)
-expects the alert on CUDA and fails with this patch, by design.
+Upstream's {alert_tests} (test/test_torch.py) expected the alert on
+CUDA; this patch updates {them} to expect none there{cpu_note}.
+"""
+
+GS3D_BODY = """\
+grid_sampler_3d_backward_cuda adds every grid point's trilinear (or
+nearest) contributions into grad_input with atomicAdd. Grid points that
+sample the same input voxel race, so the result differs bitwise between
+runs, and under torch.use_deterministic_algorithms(True) the backward of
+grid_sample on 5-D input raises.
+
+Under the flag, use the atomic-free form of PT-0202 in three dimensions:
+- grad_grid has no race (one thread per grid point) and keeps the
+  atomic kernel's arithmetic;
+- every grid point emits its 8 corners (nearest: 1) as (voxel key,
+  ordinal, weight); a stable radix sort by key groups each voxel's
+  contributions in ordinal order, and one thread per grad_input element
+  sums weight * grad_output over its voxel's run, front to back, in the
+  accumulate type, and stores once. The sort is done once for all
+  channels. Nearest rounds as this file's 3-D forward does (::round).
+Every padding mode and align_corners setting. Without the flag the
+atomic kernel stays. This patch builds on PT-0202 (its sort wrapper and
+helpers in the same file).
 """
 
 PATCHES = [
@@ -474,7 +538,7 @@ PATCHES = [
         file="0203-deterministic-avg-pool3d-backward.patch", pid="PT-0203",
         subject="Deterministic CUDA backward for avg_pool3d",
         files={CUDA + "AveragePool3d.cu": t_avgpool3d},
-        bug=ISSUES + "110698", probe="determinism.avg_pool3d", alert_test="AvgPool3d",
+        bug=ISSUES + "110698", probe="determinism.avg_pool3d", alerts=[("AvgPool3d", None)],
         tests='nn/test_pooling.py -k "avg_pool3d or AvgPool3d or pool3d"',
         body="""\
 avg_pool3d_backward_cuda spreads each output gradient over its window
@@ -501,7 +565,7 @@ element, 1.3-2.0x on 8x32x32^3 (a miss of the 1.1x target).
         file="0204-deterministic-adaptive-avg-pool2d-backward.patch", pid="PT-0204",
         subject="Deterministic CUDA backward for adaptive_avg_pool2d",
         files={CUDA + "AdaptiveAveragePooling.cu": t_adaptive2d},
-        bug=ISSUES + "50198", probe="determinism.adaptive_avg_pool2d", alert_test="AdaptiveAvgPool2d",
+        bug=ISSUES + "50198", probe="determinism.adaptive_avg_pool2d", alerts=[("AdaptiveAvgPool2d", None)],
         tests='nn/test_pooling.py -k "adaptive_pooling or adaptive_avg_pool2d or AdaptiveAvgPool2d"',
         body="""\
 adaptive_avg_pool2d_backward_cuda adds each output gradient into its
@@ -526,7 +590,7 @@ torch's.
         file="0205-deterministic-adaptive-avg-pool3d-backward.patch", pid="PT-0205",
         subject="Deterministic CUDA backward for adaptive_avg_pool3d",
         files={CUDA + "AdaptiveAveragePooling3d.cu": t_adaptive3d},
-        bug="none", probe="determinism.adaptive_avg_pool3d", alert_test="AdaptiveAvgPool3d",
+        bug="none", probe="determinism.adaptive_avg_pool3d", alerts=[("AdaptiveAvgPool3d", None)],
         tests='nn/test_pooling.py -k "adaptive_pooling or adaptive_avg_pool3d"',
         body="""\
 adaptive_avg_pool3d_backward_cuda uses atomicAdd whenever windows
@@ -547,7 +611,7 @@ torch's half atomics contend); error 0.4-1.03x torch's.
         subject="Deterministic CUDA backward for reflection_pad1d/2d/3d",
         files={CUDA + "ReflectionPad.cu": t_reflection},
         bug="none", probe="determinism.reflection_pad1d, determinism.reflection_pad2d, determinism.reflection_pad3d",
-        alert_test="ReflectionPad2d",
+        alerts=[("ReflectionPad1d", None), ("ReflectionPad2d", None), ("ReflectionPad3d", None)],
         tests='test_nn.py -k "ReflectionPad or reflection_pad"',
         body="""\
 The reflection_pad backward kernels add every output gradient into its
@@ -574,7 +638,7 @@ calls 0.49x; error 0.3-1.0x torch's.
         subject="Deterministic CUDA backward for replication_pad1d/2d/3d",
         files={CUDA + "ReplicationPadding.cu": t_replication},
         bug=ISSUES + "95578", probe="determinism.replication_pad1d, determinism.replication_pad2d, determinism.replication_pad3d",
-        alert_test="ReplicationPad2d",
+        alerts=[("ReplicationPad1d", None), ("ReplicationPad2d", None), ("ReplicationPad3d", None)],
         tests='test_nn.py -k "ReplicationPad or replication_pad"',
         body="""\
 The replication_pad backward kernels add every output gradient into its
@@ -602,7 +666,7 @@ positions (fp16 there: 0.0005x, torch's half atomics serialise); error
         bug=ISSUES + "68961",
         probe=("determinism.interpolate_linear, determinism.interpolate_bilinear, "
                "determinism.interpolate_bicubic, determinism.interpolate_trilinear"),
-        alert_test="interpolate_bilinear",
+        alerts=[("interpolate_linear", None), ("interpolate_bilinear", None), ("interpolate_bicubic", None), ("interpolate_trilinear", None)],
         tests=('test_nn.py -k "upsamplingLinear1d or upsamplingBilinear2d or upsamplingBicubic2d '
                'or upsamplingTrilinear3d or interpolate"'),
         body="""\
@@ -633,7 +697,7 @@ torch's except bilinear 4x4 -> 256^2 fp32 (2.0x, both below 7e-4).
         file="0209-deterministic-max-pool3d-backward.patch", pid="PT-0209",
         subject="Deterministic CUDA backward for max_pool3d",
         files={CUDA + "DilatedMaxPool3d.cu": t_maxpool3d},
-        bug=ISSUES + "110698", probe="determinism.max_pool3d", alert_test="MaxPool3d",
+        bug=ISSUES + "110698", probe="determinism.max_pool3d", alerts=[("MaxPool3d", None)],
         tests='nn/test_pooling.py -k "max_pool3d or MaxPool3d or maxpool3d"',
         body="""\
 max_pool3d_with_indices_backward_cuda routes each output gradient to its
@@ -660,7 +724,7 @@ different summation order; both near one ulp).
         subject="Deterministic CUDA backward for fractional_max_pool2d/3d",
         files={CUDA + "FractionalMaxPool2d.cu": t_frac2d, CUDA + "FractionalMaxPool3d.cu": t_frac3d},
         bug="none", probe="determinism.fractional_max_pool2d, determinism.fractional_max_pool3d",
-        alert_test="FractionalMaxPool2d",
+        alerts=[("FractionalMaxPool2d", None), ("FractionalMaxPool3d", None)],
         tests='nn/test_pooling.py -k "fractional_max_pool or FractionalMaxPool"',
         body="""\
 The fractional_max_pool2d/3d backward kernels route each output gradient
@@ -694,7 +758,7 @@ small 0.66x; 3d 4x32x24^3 k2 -> 16^3 1.3-1.4x (misses); error
         file="0211-deterministic-max-unpool-forward.patch", pid="PT-0211",
         subject="Deterministic CUDA max_unpool2d/3d with duplicate indices",
         files={CUDA + "MaxUnpooling.cu": t_unpool},
-        bug="none", probe="determinism.max_unpool2d, determinism.max_unpool3d", alert_test="MaxUnpool2d",
+        bug="none", probe="determinism.max_unpool2d, determinism.max_unpool3d", alerts=[("MaxUnpool1d", "max_unpooling2d_forward_out"), ("MaxUnpool2d", "max_unpooling2d_forward_out"), ("MaxUnpool3d", "max_unpooling3d_forward_out")],
         tests='nn/test_pooling.py -k "MaxUnpool or max_unpool"',
         body="""\
 max_unpool2d/3d write output[indices[i]] = input[i] from many threads.
@@ -713,6 +777,14 @@ H200: bitwise equal to the single-threaded CPU result in every case
 (torch's CUDA kernel is not, with duplicates); time 0.80-0.92x torch's,
 1.35x fp32 at 16x64x64x64 (no duplicates).
 """),
+    dict(
+        file="0222-deterministic-grid-sampler-3d-backward.patch", pid="PT-0222",
+        subject="Deterministic CUDA backward for grid_sampler_3d",
+        files={CUDA + "GridSampler.cu": t_grid_sampler_3d},
+        bug="none", probe="determinism.grid_sampler_3d", alerts=[("grid_sample_3d", None)],
+        tests='test_nn.py -k "(grid_sample or GridSample or grid_sampler) and not large"',
+        evidence=EVIDENCE_GS3D,
+        body=GS3D_BODY),
 ]
 
 
@@ -732,9 +804,7 @@ def make_one(tree, scratch, spec, out_dir):
         with open(path, "w") as f:
             f.write(transform(src))
         mp.git(repo, "add", "--force", rel)
-    message = (spec["subject"] + "\n\n" + spec["body"] + "\n" +
-               COMMON_TAIL.format(ev=EVIDENCE, alert_test=spec["alert_test"]) +
-               trailers(spec["pid"], spec["bug"], "none", spec["probe"], spec["tests"]))
+    message = spec_message(spec)
     msg_file = os.path.join(scratch, "msg")
     with open(msg_file, "w") as f:
         f.write(message)
@@ -749,6 +819,51 @@ def make_one(tree, scratch, spec, out_dir):
     print("wrote", out_path)
 
 
+def alert_test_names(spec):
+    return ["test_nondeterministic_alert_" + test for test, _ in spec["alerts"]]
+
+
+def upstream_tests(spec):
+    """The spec's own selection plus its ops' alert tests in test_torch.py."""
+    keyword = " or ".join("nondeterministic_alert_" + test for test, _ in spec["alerts"])
+    return f'{spec["tests"]}, test_torch.py -k "{keyword}"'
+
+
+def spec_message(spec):
+    names = alert_test_names(spec)
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    cpu_only = any(caller for _, caller in spec["alerts"])
+    tail = COMMON_TAIL.format(
+        ev=spec.get("evidence", EVIDENCE), alert_tests=listed, them="it" if len(names) == 1 else "them",
+        cpu_note=" (the CPU kernel still alerts)" if cpu_only else "")
+    return (spec["subject"] + "\n\n" + spec["body"] + "\n" + tail +
+            trailers(spec["pid"], spec["bug"], "none", spec["probe"], upstream_tests(spec)))
+
+
+def test_transform(spec):
+    """test/test_torch.py: the spec's alert tests no longer expect the CUDA alert."""
+    def transform(src):
+        for test, caller in spec["alerts"]:
+            if caller:
+                src = mp.expect_cpu_alert_only(src, test, caller, spec["pid"])
+            else:
+                src = mp.expect_no_cuda_alert(src, test, spec["pid"])
+        return src
+    return transform
+
+
+def series_specs(only=()):
+    """walk_series' specs: file name -> (transforms by path, message)."""
+    out = {}
+    for spec in PATCHES:
+        if only and spec["pid"] not in only:
+            continue
+        transforms = dict(spec["files"])
+        transforms[mp.TEST_TORCH] = test_transform(spec)
+        out[spec["file"]] = (transforms, spec_message(spec))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
@@ -757,10 +872,7 @@ def main():
     args = ap.parse_args()
     tree = os.path.abspath(args.tree)
     only = {p for p in args.only.split(",") if p}
-    with tempfile.TemporaryDirectory(prefix="detbw17-patches-", dir="/tmp") as scratch:
-        for spec in PATCHES:
-            if not only or spec["pid"] in only:
-                make_one(tree, scratch, spec, args.out)
+    mp.walk_series(tree, args.out, series_specs(only))
     return 0
 
 

@@ -217,6 +217,11 @@ CASES = [
     ("fractional_max_pool2d", "16x64x32x32 k3 -> 30x30, peaks (up to 16 outputs share one argmax)", "contention", lambda dt: c_frac((16, 64, 32, 32), 3, (30, 30), dt, contention=211)),
     ("fractional_max_pool3d", "4x32x24^3 k2 -> 16^3", "realistic", lambda dt: c_frac((4, 32, 24, 24, 24), 2, (16, 16, 16), dt)),
 ]
+# ops whose gather kernels take det_gather_acc (double running sum for fp32)
+FLOAT_ACCUMULATION_OPS = ("adaptive_avg_pool2d", "adaptive_avg_pool3d", "avg_pool3d", "reflection_pad1d",
+                          "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
+                          "replication_pad3d", "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d",
+                          "upsample_trilinear3d", "max_pool3d", "fractional_max_pool2d")
 DTYPES_BY_KIND = {"realistic": ("fp32", "fp16", "bf16"), "small": ("fp32", "fp64"), "contention": ("fp32", "fp16")}
 
 
@@ -245,6 +250,19 @@ def run_case(op, name, kind, builder, dt):
     t_torch = median_ms(torch_fn)
     t_ours = median_ms(ours_fn)
     rec["timing"] = {"torch_atomic_ms": t_torch, "ours_ms": t_ours, "ratio": t_ours / t_torch}
+    if dt == "fp32" and op in FLOAT_ACCUMULATION_OPS:
+        # the same kernels with the running sum in float (the earlier version), for the double's cost and gain
+        ext.set_float_accumulation(True)
+        try:
+            ffirst = ours_fn().clone()
+            rec["float_accumulation_variant"] = {
+                "bitwise_equal_repeats": sum(1 for _ in range(REPEATS) if beq(ours_fn(), ffirst)),
+                "max_abs_err_vs_fp64": max_err(ffirst, ref), "ours_ms": median_ms(ours_fn)}
+        finally:
+            ext.set_float_accumulation(False)
+        fv = rec["float_accumulation_variant"]
+        fv["ratio"] = fv["ours_ms"] / t_torch
+        fv["error_ratio"] = (fv["max_abs_err_vs_fp64"] / t) if t > 0 else (1.0 if fv["max_abs_err_vs_fp64"] == 0 else float("inf"))
     if len(fns) == 4:  # the fixed-point (integer atomic) variant of the same op
         alt = fns[3]
         afirst = alt().clone()
@@ -253,6 +271,120 @@ def run_case(op, name, kind, builder, dt):
             "bitwise_equal_repeats": sum(1 for _ in range(REPEATS) if beq(alt(), afirst)),
             "max_abs_err_vs_fp64": max_err(afirst, ref), "ours_ms": t_alt, "ratio": t_alt / t_torch}
     return rec
+
+
+# --------------------------------------------------------------------------------------
+# grid_sampler_3d (PT-0222): two outputs, grad_input (gathered) and grad_grid (torch's arithmetic)
+# --------------------------------------------------------------------------------------
+GRID3D_MODES = {"bilinear": 0, "nearest": 1}
+GRID3D_PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
+GRID3D_CASES = [
+    # (name, kind, input shape, grid (N, D, H, W), mode, padding, align_corners, grid range, dtypes)
+    ("4x32x32^3, grid 32^3 trilinear zeros", "realistic", (4, 32, 32, 32, 32), (4, 32, 32, 32), "bilinear",
+     "zeros", False, 1.0, ("fp32", "fp16", "bf16")),
+    ("4x32x32^3, grid 32^3 nearest border", "realistic", (4, 32, 32, 32, 32), (4, 32, 32, 32), "nearest",
+     "border", False, 1.0, ("fp32", "fp16")),
+    ("2x16x16^3 -> grid 48^3 trilinear (upsampling) reflection align_corners", "realistic", (2, 16, 16, 16, 16),
+     (2, 48, 48, 48), "bilinear", "reflection", True, 1.0, ("fp32",)),
+    ("1x8x8^3, grid 8^3 trilinear zeros", "small", (1, 8, 8, 8, 8), (1, 8, 8, 8), "bilinear", "zeros", False, 1.0,
+     ("fp32", "fp64")),
+    ("1x8x8^3, grid 8^3 nearest reflection", "small", (1, 8, 8, 8, 8), (1, 8, 8, 8), "nearest", "reflection", True,
+     1.0, ("fp32", "fp64")),
+    ("2x16x16^3, grid 32^3 in a 2-voxel box (contention)", "contention", (2, 16, 16, 16, 16), (2, 32, 32, 32),
+     "bilinear", "zeros", False, 0.05, ("fp32", "fp16")),
+    ("2x16x16^3, grid 32^3 nearest in a 2-voxel box (contention)", "contention", (2, 16, 16, 16, 16),
+     (2, 32, 32, 32), "nearest", "zeros", False, 0.05, ("fp32",)),
+] + [
+    ("2x8x12^3, grid 16^3 in [-1.6, 1.6] %s %s ac%d (out of range)" % (mode, pad, ac), "out_of_range",
+     (2, 8, 12, 12, 12), (2, 16, 16, 16), mode, pad, ac, 1.6, ("fp32",) if (mode, ac) != ("bilinear", False) else ("fp32", "fp64"))
+    for mode in ("bilinear", "nearest") for pad in ("zeros", "border", "reflection") for ac in (False, True)
+]
+
+
+def grid3d_case(name, kind, shape, gshape, mode, pad, ac, extent, dt, seed=31):
+    x = randn(shape, dt, seed)
+    grid = ((torch.rand(gshape + (3,), generator=gen(seed + 1)) * 2 - 1) * extent).to("cuda", DT[dt])
+    y = F.grid_sample(x, grid, mode=mode, padding_mode=pad, align_corners=ac)
+    go = randn(tuple(y.shape), dt, seed + 2)
+    args = [go, x, grid, GRID3D_MODES[mode], GRID3D_PADDINGS[pad], ac, [True, True]]
+    torch_fn = lambda: A.grid_sampler_3d_backward(*args)  # noqa: E731
+    ours_fn = lambda: ext.grid_sampler_3d_backward(*args)  # noqa: E731
+    rec = {"op": "grid_sampler_3d", "name": name, "kind": kind, "dtype": dt, "mode": mode, "padding": pad,
+           "align_corners": ac, "repeats": REPEATS}
+    first = [t.clone() for t in ours_fn()]
+    rec["bitwise_equal_repeats"] = sum(1 for _ in range(REPEATS) if all(beq(a, b) for a, b in zip(ours_fn(), first)))
+    tfirst = [t.clone() for t in torch_fn()]
+    rec["torch_repeats"] = REPEATS
+    rec["torch_differing_repeats"] = sum(1 for _ in range(REPEATS)
+                                         if not all(beq(a, b) for a, b in zip(torch_fn(), tfirst)))
+    ref = A.grid_sampler_3d_backward(*to64cpu(args))
+    for k, label in enumerate(("grad_input", "grad_grid")):
+        o, t = max_err(first[k], ref[k]), max_err(tfirst[k], ref[k])
+        rec[label] = {"max_abs_err_vs_fp64_ours": o, "max_abs_err_vs_fp64_torch": t,
+                      "max_abs_ref": float(ref[k].abs().max().item()),
+                      "max_abs_diff_vs_torch": float((first[k].double() - tfirst[k].double()).abs().max().item()),
+                      "error_ratio": (o / t) if t > 0 else (1.0 if o == 0 else float("inf"))}
+    t_torch, t_ours = median_ms(torch_fn), median_ms(ours_fn)
+    rec["timing"] = {"torch_atomic_ms": t_torch, "ours_ms": t_ours, "ratio": t_ours / t_torch}
+    return rec
+
+
+def grid3d_part(result, dump):
+    result["grid_sampler_3d"] = {}
+    checks = []
+    result["grid_sampler_3d"]["gradcheck"] = checks
+    for mode in ("bilinear", "nearest"):
+        for pad in ("zeros", "border", "reflection"):
+            for ac in (False, True):
+                x = torch.randn(1, 2, 3, 4, 5, device="cuda", dtype=torch.float64)
+                grid = (torch.rand(1, 2, 3, 2, 3, device="cuda", dtype=torch.float64) * 2.4 - 1.2)
+                mi, pi = GRID3D_MODES[mode], GRID3D_PADDINGS[pad]
+
+                class Fn(torch.autograd.Function):
+                    @staticmethod
+                    def forward(ctx, inp, g, mi=mi, pi=pi, ac=ac):
+                        ctx.save_for_backward(inp, g)
+                        return A.grid_sampler_3d(inp, g, mi, pi, ac)
+
+                    @staticmethod
+                    def backward(ctx, go, mi=mi, pi=pi, ac=ac):
+                        inp, g = ctx.saved_tensors
+                        gi, gg = ext.grid_sampler_3d_backward(go.contiguous(), inp, g, mi, pi, ac, [True, True])
+                        return gi, gg
+
+                entry = {"name": "grid_sampler_3d %s %s ac%d" % (mode, pad, ac), "interpolation": mode,
+                         "padding": pad, "align_corners": ac}
+                try:
+                    # nearest: grad_grid is zero by definition (the forward is piecewise constant), so only the input
+                    inputs = (x.requires_grad_(True), grid.requires_grad_(mode == "bilinear"))
+                    entry["passed"] = bool(torch.autograd.gradcheck(Fn.apply, inputs, eps=1e-6, atol=1e-5))
+                except Exception as exc:
+                    entry["passed"] = False
+                    entry["error"] = str(exc).splitlines()[0][:300]
+                checks.append(entry)
+    print("grid_sampler_3d gradcheck:", [(c["name"], c["passed"]) for c in checks if not c["passed"]] or "all passed",
+          flush=True)
+    dump()
+    cases = []
+    result["grid_sampler_3d"]["cases"] = cases
+    for name, kind, shape, gshape, mode, pad, ac, extent, dtypes in GRID3D_CASES:
+        for dt in dtypes:
+            try:
+                rec = grid3d_case(name, kind, shape, gshape, mode, pad, ac, extent, dt)
+            except Exception as exc:
+                rec = {"op": "grid_sampler_3d", "name": name, "kind": kind, "dtype": dt, "error": repr(exc)[:400]}
+            cases.append(rec)
+            dump()
+            if "error" in rec:
+                print("grid_sampler_3d", name, dt, "ERROR", rec["error"], flush=True)
+                continue
+            print("grid_sampler_3d %-62s %-4s bw %d/%d torch_diff %d gi err %.3g/%.3g gg err %.3g/%.3g gg diff %.3g "
+                  "t %.4f/%.4f r %.2f" % (
+                      name[:62], dt, rec["bitwise_equal_repeats"], REPEATS, rec["torch_differing_repeats"],
+                      rec["grad_input"]["max_abs_err_vs_fp64_ours"], rec["grad_input"]["max_abs_err_vs_fp64_torch"],
+                      rec["grad_grid"]["max_abs_err_vs_fp64_ours"], rec["grad_grid"]["max_abs_err_vs_fp64_torch"],
+                      rec["grad_grid"]["max_abs_diff_vs_torch"], rec["timing"]["ours_ms"],
+                      rec["timing"]["torch_atomic_ms"], rec["timing"]["ratio"]), flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -406,6 +538,7 @@ def flag_probes():
                                                output_size=(6, 6, 6)),
         "adaptive_max_pool2d": lambda: F.adaptive_max_pool2d(x2, 4).sum().backward(),
         "grid_sampler_2d": lambda: F.grid_sample(x2, torch.rand(2, 5, 5, 2, device="cuda") * 2 - 1, align_corners=False).sum().backward(),
+        "grid_sampler_3d": lambda: F.grid_sample(x3, torch.rand(2, 3, 3, 3, 3, device="cuda") * 2 - 1, align_corners=False).sum().backward(),
     }
     res = {}
     for name, fn in probes.items():
@@ -530,11 +663,16 @@ def batches(kind, steps, seed):
 NETS = {"yolo_cbam": YoloCBAM, "stn": STN, "unet": UNet, "net3d": Net3D}
 
 
-def train(kind, steps, deterministic):
+def train(kind, steps, deterministic, fill_uninitialized=True):
+    """fill_uninitialized=False: torch 2.x's flag also fills every new tensor with NaN
+    (torch.utils.deterministic.fill_uninitialized_memory); 1.13.1 has no such fill, so the
+    steps/s that a 1.13.1 user sees are the ones without it."""
     torch.manual_seed(1234)
     model = NETS[kind]().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     data = [(x.cuda(), y.cuda()) for x, y in batches(kind, steps, 99)]
+    fill_was = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = fill_uninitialized
     torch.use_deterministic_algorithms(deterministic)
     try:
         torch.cuda.synchronize()
@@ -557,6 +695,7 @@ def train(kind, steps, deterministic):
         sps = (steps - 10) / (time.perf_counter() - t0)
     finally:
         torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = fill_was
     params = [p.detach().clone() for p in model.parameters()]
     return params, sps, float(loss.item())
 
@@ -570,7 +709,9 @@ def main():
     part = sys.argv[1] if len(sys.argv) > 1 else "all"
     out_dir = os.environ.get("OUT", ".")
     fname = {"all": "deterministic-issue17.json", "ops": "deterministic-issue17-ops.json",
-             "train": "deterministic-issue17-training.json"}[part]
+             "train": "deterministic-issue17-training.json",
+             "gridsample3d": "deterministic-issue17-gridsample3d.json"}[part]
+    fname = os.environ.get("DETBW17_OUT_NAME", fname)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
               "python": platform.python_version(), "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
               "repeats": REPEATS, "timing_method": "median over up to %d samples of CUDA-event time / up to %d back-to-back "
@@ -587,6 +728,8 @@ def main():
         raise
     result["part"] = part
     result["torch_under_deterministic_flag"] = flag_probes()
+    if part in ("all", "gridsample3d"):
+        grid3d_part(result, lambda: json.dump(result, open(os.path.join(out_dir, fname), "w"), indent=1))
     if part in ("all", "ops"):
         ops_part(result, out_dir, fname, t0)
     if part in ("all", "train"):
@@ -600,8 +743,13 @@ def ops_part(result, out_dir, fname, t0):
     cases = []
     result["cases"] = cases
     budget = float(os.environ.get("DETBW17_OPS_BUDGET", "1e9"))
+    # DETBW17_DTYPES=fp32 (say): only those dtypes of each case, for a run split over two device calls
+    only = [d for d in os.environ.get("DETBW17_DTYPES", "").split(",") if d]
+    result["dtypes_run"] = only or "all"
     for op, name, kind, builder in CASES:
         for dt in DTYPES_BY_KIND[kind]:
+            if only and dt not in only:
+                continue
             if time.time() - t0 > budget:
                 cases.append({"op": op, "name": name, "kind": kind, "dtype": dt, "skipped": "time budget of the run"})
                 continue
@@ -664,13 +812,29 @@ def train_part(result, dump):
         # the flag no longer raises, and the dispatcher reaches our kernels
         training["after_registration_under_flag"] = flag_probes()
         ours = {}
+        ours_params = {}
         for kind in NETS:
             pa, sa, la = train(kind, TRAIN_STEPS, True)
             pb, sb, lb = train(kind, TRAIN_STEPS, True)
+            ours_params[kind] = pa
             ours[kind] = {"bitwise_equal": same_params(pa, pb), "steps_per_s": [sa, sb], "final_loss": [la, lb],
                           "steps_per_s_ratio_vs_atomic": statistics.mean([sa, sb]) / statistics.mean(atomic[kind]["steps_per_s"])}
             print("ours", kind, ours[kind], flush=True)
             training["ours_flag_on"] = ours
+            dump()
+        # where the flag-on time goes: (a) the same flag-on run without torch 2.x's NaN fill of new
+        # tensors (which 1.13.1 does not do), (b) our kernels registered but the flag off (cuDNN
+        # free to pick nondeterministic convolutions, no fill): ours against torch's kernels alone
+        split = {}
+        for kind in NETS:
+            pn, sn, _ = train(kind, TRAIN_STEPS, True, fill_uninitialized=False)
+            _, so, _ = train(kind, TRAIN_STEPS, False)
+            base = statistics.mean(atomic[kind]["steps_per_s"])
+            split[kind] = {"flag_on_no_fill_steps_per_s": sn, "flag_on_no_fill_ratio_vs_atomic": sn / base,
+                           "flag_on_no_fill_bitwise_equal_to_flag_on": same_params(pn, ours_params[kind]),
+                           "ours_flag_off_steps_per_s": so, "ours_flag_off_ratio_vs_atomic": so / base}
+            print("split", kind, split[kind], flush=True)
+            training["split"] = split
             dump()
         training["torch_atomic_flag_off"] = atomic
         training["ours_flag_on"] = ours

@@ -13,7 +13,7 @@ Each check measures two things:
 A pass means the operation is deterministic under the flag.  Anything else is a
 ``Finding``: an upstream gap, not required unless the wheel carries the patch that closes
 it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d, PT-0203 .. PT-0211 for pooling,
-padding, interpolation and unpooling: see OPERATIONS).  Without a flag (torch < 1.7)
+padding, interpolation and unpooling, PT-0222 grid_sampler_3d: see OPERATIONS).  Without a flag (torch < 1.7)
 the unflagged result decides.  The flag and its warn-only setting are restored afterwards.
 """
 
@@ -55,6 +55,14 @@ def op_grid_sampler_2d(torch, device):
     grid = (torch.rand(8, 128, 128, 2, generator=_generator(torch, 4)) * 2 - 1).to(device)
     out = torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     return _grads_of(torch, out, [x], 5)
+
+
+def op_grid_sampler_3d(torch, device):
+    # trilinear over a 24^3 grid: neighbouring grid points share voxels
+    x = _randn(torch, (4, 16, 24, 24, 24), 57, device, True)
+    grid = (torch.rand(4, 24, 24, 24, 3, generator=_generator(torch, 58)) * 2 - 1).to(device)
+    out = torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return _grads_of(torch, out, [x], 59)
 
 
 def op_avg_pool3d(torch, device):
@@ -209,6 +217,7 @@ def op_cumsum(torch, device):
 OPERATIONS = (
     ("adaptive_max_pool2d", op_adaptive_max_pool2d, "backward", ("PT-0201",)),
     ("grid_sampler_2d", op_grid_sampler_2d, "backward", ("PT-0202",)),
+    ("grid_sampler_3d", op_grid_sampler_3d, "backward", ("PT-0222",)),
     ("avg_pool3d", op_avg_pool3d, "backward", ("PT-0203",)),
     ("adaptive_avg_pool2d", op_adaptive_avg_pool2d, "backward", ("PT-0204",)),
     ("adaptive_avg_pool3d", op_adaptive_avg_pool3d, "backward", ("PT-0205",)),
