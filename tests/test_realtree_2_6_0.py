@@ -1,0 +1,218 @@
+"""torch 2.6.0 on its real tree (Debian trixie's pytorch 2.6.0+dfsg) and its real runtime (trixie's
+python3-torch 2.6.0 in a trixie container): the series applies exactly, the advisories' source claims
+hold on the tree, and the probe finds the defects the series fixes on the unpatched runtime.
+
+The trixie images are made here the way tests/fixtures/docker_env.py makes bullseye's: mmdebstrap
+through `patcher.baseimage` (nothing can be pulled), reused while their labels match.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from patcher import advisories, patches
+from patcher.config import DEFAULT_CATALOG
+from patcher.probe import all_check_ids
+from patcher.source import tree_hash
+from tests.fixtures.common import run_patcher
+from tests.fixtures.docker_env import LocalImage, build_inline, image_with_label, machine_lock
+
+TORCH = "2.6.0"
+TRIXIE_BASE_TAG = "patcher-test/debian:trixie-minbase"
+TRIXIE_BASE_LABEL = ("org.patcher.test-base", "trixie-v1")
+TRIXIE_TORCH_TAG = "patcher-test/debian:trixie-torch"
+TRIXIE_TORCH_LABEL = "org.patcher.test-torch-base-id"
+NO_CUDA = "needs CUDA; this torch is built without CUDA"
+SERIES = ["PT-0101", "PT-0102", "PT-0103", "PT-0105", "PT-0107", "PT-0108", "PT-0201", "PT-0202", "PT-0907"]
+
+
+def git(cwd, *args) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@patcher.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@patcher.invalid")
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+# --- images ---------------------------------------------------------------------------------------
+def ensure_trixie_base(docker_client, docker_engine) -> LocalImage:
+    from patcher.baseimage import BaseImageRequest, make_base_image
+    from patcher.config import Settings
+
+    with machine_lock("trixie-base"):
+        image = image_with_label(docker_client, TRIXIE_BASE_TAG, *TRIXIE_BASE_LABEL)
+        if image is None:
+            request = BaseImageRequest(suite="trixie", tag=TRIXIE_BASE_TAG, labels=dict([TRIXIE_BASE_LABEL]))
+            make_base_image(request, Settings(), engine=docker_engine)
+            image = docker_client.images.get(TRIXIE_BASE_TAG)
+    return LocalImage(tag=TRIXIE_BASE_TAG, image_id=image.id)
+
+
+def ensure_trixie_torch(docker_client, base: LocalImage) -> LocalImage:
+    """trixie's python3-torch 2.6.0 (CPU, Python 3.13) on the base image."""
+    with machine_lock("trixie-torch"):
+        image = image_with_label(docker_client, TRIXIE_TORCH_TAG, TRIXIE_TORCH_LABEL, base.image_id)
+        if image is None:
+            dockerfile = (
+                f"FROM {base.tag}\n"
+                "RUN apt-get update \\\n"
+                " && apt-get install -y --no-install-recommends python3 python3-venv python3-torch \\\n"
+                " && rm -rf /var/lib/apt/lists/*\n"
+            )
+            build_inline(docker_client, dockerfile, TRIXIE_TORCH_TAG, {TRIXIE_TORCH_LABEL: base.image_id})
+            image = docker_client.images.get(TRIXIE_TORCH_TAG)
+    return LocalImage(tag=TRIXIE_TORCH_TAG, image_id=image.id)
+
+
+@pytest.fixture(scope="module")
+def trixie_base_image(docker_client, docker_engine) -> LocalImage:
+    return ensure_trixie_base(docker_client, docker_engine)
+
+
+@pytest.fixture(scope="module")
+def trixie_torch_image(docker_client, trixie_base_image) -> LocalImage:
+    return ensure_trixie_torch(docker_client, trixie_base_image)
+
+
+# --- the series on the real tree ------------------------------------------------------------------
+@pytest.mark.realtree
+def test_the_series_applies_exactly_to_the_real_tree(realtree_checkout_260, realtree_mirror_260, patcher_cli,
+                                                     tmp_path):
+    series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
+    assert series.ids == SERIES
+    for patch in series.patches:
+        assert patch.applies_to == f"=={TORCH}" and patch.upstream_tests, patch.id
+    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", realtree_checkout_260)
+    assert check.exit_code == 0, check.stderr
+    assert f"ok: all {len(series.patches)} patches of torch {TORCH} apply exactly" in check.stdout
+
+    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", realtree_checkout_260, "--json")
+    assert applied.exit_code == 0, applied.stderr
+    result = patches.PatchedTree.from_json(json.loads(applied.stdout))
+    assert result.base == realtree_mirror_260.commit and [p.id for p in result.patches] == SERIES
+    log = git(realtree_checkout_260, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
+              f"{realtree_mirror_260.commit}..HEAD").splitlines()
+    assert log == SERIES
+    assert result.tree_hash == tree_hash(realtree_checkout_260)
+    # what the ports changed is in the tree
+    upgrader = (realtree_checkout_260 / "torch/csrc/jit/mobile/parse_bytecode.cpp").read_text()
+    assert "refers to operator" in upgrader
+    assert "dis.get_instructions" not in (realtree_checkout_260 / "torch/jit/annotations.py").read_text()
+
+    # `patcher fetch` from the mirror (the tag-commit override recorded) gives the same tree
+    fetched = tmp_path / "fetched"
+    fetch = patcher_cli("--config", realtree_mirror_260.config_file, "fetch", "--torch", TORCH, "-o", fetched)
+    assert fetch.exit_code == 0, fetch.stderr
+    assert git(fetched, "rev-parse", "HEAD") == realtree_mirror_260.commit
+    other = patches.apply_series(series, fetched)
+    assert (other.head, other.tree_hash) == (result.head, result.tree_hash)
+
+
+@pytest.mark.realtree
+def test_the_advisories_source_claims_hold_on_the_real_tree(realtree_checkout_260):
+    results = advisories.check_tree(advisories.load(), TORCH, realtree_checkout_260)
+    assert results, "no source claim for 2.6.0 was checked"
+    failed = [f"{r.advisory}: {r.claim}: {r.why}" for r in results if not r.ok]
+    assert failed == []
+
+
+# --- the probe against Debian's python3-torch 2.6.0 -----------------------------------------------
+# What is true of trixie's python3-torch 2.6.0 (CPU) for every check: (status, message pattern,
+# finding).  None: a crash (not a finding) and a detected unchecked use (a finding) both count.
+CRASH_OR_USE = r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$"
+EXPECTED_TRIXIE = {
+    "env.fingerprint": ("pass", r"^$", False),
+    "security.cve_2022_45907": ("pass", r"^$", False),  # upstream's call check is in 2.6.0
+    "security.cve_2022_45907_bypass": ("fail", r"pytorch#151233", True),  # the open bypass (PT-0101)
+    "security.cve_2025_3730": ("pass", r"^$", False),  # the CPU kernel never crashed
+    "security.cve_2025_2953": ("fail", r"^killed by SIGFPE \(exit -8\)$", False),  # PT-0103
+    "security.cve_2024_31580": ("pass", r"^$", False),  # upstream's fix (2.2.0) is in 2.6.0
+    "security.cve_2024_31583": ("fail", CRASH_OR_USE, None),  # applyUpgrader at load (PT-0105)
+    "security.cve_2025_32434": ("pass", r"^$", False),  # fixed in 2.6.0 itself
+    "security.cve_2026_24747": ("fail", r"a storage larger than its record and SETITEM writing into a tensor",
+                                True),  # PT-0107
+    "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),  # PT-0108
+}
+for _id in all_check_ids():
+    if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":
+        EXPECTED_TRIXIE[_id] = ("skip", "^" + re.escape(NO_CUDA) + "$", False)
+
+
+def test_every_check_has_an_expectation():
+    assert set(EXPECTED_TRIXIE) == set(all_check_ids())
+
+
+@pytest.mark.docker
+def test_the_probe_finds_the_defects_on_debians_2_6_0(trixie_torch_image, tmp_path):
+    out = tmp_path / "report.json"
+    result = run_patcher("probe", "--image", trixie_torch_image.tag, "--json", out, timeout=1200)
+    report = json.loads(out.read_text())
+    found = {c["id"]: c for c in report["checks"]}
+    assert list(found) == all_check_ids()
+    wrong = []
+    for check_id, (status, pattern, finding) in EXPECTED_TRIXIE.items():
+        entry = found[check_id]
+        if entry["status"] != status or not re.search(pattern, entry["message"]) or \
+                (finding is not None and entry["finding"] is not finding):
+            wrong.append(f"{check_id}: {entry['status']} {entry['finding']} {entry['message']!r}")
+    assert wrong == []
+    env = report["environment"]
+    assert env["torch"]["version"].startswith("2.6.0") and env["python"]["version"].startswith("3.13.")
+    assert env["torch"]["path"] == "/usr/lib/python3/dist-packages/torch"
+    required_failures = [c["id"] for c in report["checks"] if c["required"] and c["status"] in ("fail", "error")]
+    assert result.exit_code == (0 if not required_failures else 50), result.stderr
+
+
+# --- the real configure in the trixie builder -----------------------------------------------------
+@pytest.fixture(scope="module")
+def pushed_trixie_base(docker_client, docker_engine, local_registry, trixie_base_image):
+    from patcher.baseimage import push_image
+    from tests.fixtures.docker_env import PushedImage
+
+    ref, digest = push_image(docker_engine, trixie_base_image.tag, local_registry.url).split("@")
+    pushed = PushedImage(ref=ref, digest=digest)
+    yield pushed
+    try:
+        docker_client.api.remove_image(f"{pushed.repository}@{digest}", noprune=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+@pytest.mark.docker
+@pytest.mark.realtree
+@pytest.mark.slow
+def test_the_real_tree_configures_in_the_trixie_builder(realtree_mirror_260, pushed_trixie_base, tmp_path,
+                                                         patcher_cli, docker_client, no_leaks, ccache_volume_name):
+    config = tmp_path / "config.toml"
+    config.write_text(realtree_mirror_260.config_file.read_text() + "\n"
+                      + pushed_trixie_base.config_toml("debian-trixie"))
+    work = tmp_path / "work"
+    res = patcher_cli("--config", config, "build", "--torch", TORCH, "--cuda", "none", "--until", "configure",
+                      "--jobs", "2", "--work", work, "--ccache-volume", ccache_volume_name, timeout=2400)
+    build_dir = work / "torch-2.6.0-cpu.pt1-py3.13"
+    record = json.loads((build_dir / "record.json").read_text())
+    try:
+        log = (build_dir / "build.log").read_text() if (build_dir / "build.log").exists() else ""
+        assert res.exit_code == 0, res.stderr + log[-3000:]
+        assert record["completed_stages"] == ["resolve", "fetch", "patch", "render", "image", "configure"]
+        assert "-- Configuring done" in log and "-- Generating done" in log
+        cmake_line = next(line for line in log.splitlines() if line.startswith("cmake -GNinja"))
+        for flag in ("-DUSE_SYSTEM_LIBS=1", "-DUSE_KINETO=0", "-DUSE_XNNPACK=0", "-DUSE_ITT=0",
+                     "-DTORCH_BUILD_VERSION=2.6.0+cpu.pt1"):
+            assert flag in cmake_line
+        assert record["toolchain"]["python"].startswith("Python 3.13.")
+        assert record["toolchain"]["gcc"].startswith("gcc-13 ")
+        assert record["source"]["commit"] == realtree_mirror_260.commit
+        assert [p["id"] for p in record["patches"]] == SERIES
+        print(f"configure stage: {record['stage_durations']['configure']:.1f} s; "
+              f"image stage: {record['stage_durations']['image']:.1f} s")
+    finally:
+        if record.get("image_tag"):
+            try:
+                docker_client.images.remove(record["image_tag"])
+            except Exception:  # noqa: BLE001 - in use by a concurrent session
+                pass
