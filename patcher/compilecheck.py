@@ -26,7 +26,8 @@ How one check runs (``patcher check --compile``):
    :func:`nvcc_command`): the include paths and definitions of a CPU unit of the same library
    (torch_cpu), plus what 1.13.1's CMake adds for CUDA sources (``cmake/public/cuda.cmake``,
    ``cmake/Dependencies.cmake``): ``-DUSE_CUDA``, the half/bfloat16 guards, ``--expt-relaxed-constexpr``,
-   ``--expt-extended-lambda``, ``-Xcudafe --diag_suppress=...``, ``-std=c++14``, the spec's
+   ``--expt-extended-lambda``, ``-Xcudafe --diag_suppress=...``, ``-std=c++14`` (``c++17`` when the
+   CPU unit's is gnu++17, as in 2.x), the spec's
    ``TORCH_NVCC_FLAGS`` and one ``-gencode`` per entry of the spec's arch list that the
    installed nvcc can emit (the rest is reported as dropped).  The two headers a CUDA configure
    writes (``ATen/cuda/CUDAConfig.h``, ``c10/cuda/impl/cuda_cmake_macros.h``) are written from
@@ -89,6 +90,7 @@ DEFAULT_TIMEOUT = 3600.0
 DEBIAN_CUDA = {
     "bullseye": {"packages": ("nvidia-cuda-toolkit",), "nvcc": "11.2", "max_compute": "8.6"},
     "bookworm": {"packages": ("nvidia-cuda-toolkit",), "nvcc": "11.8", "max_compute": "9.0"},
+    "trixie": {"packages": ("nvidia-cuda-toolkit",), "nvcc": "12.4", "max_compute": "9.0"},
 }
 
 # What 1.13.1's CMake adds to CUDA compiles (cmake/public/cuda.cmake, cmake/Dependencies.cmake).
@@ -102,7 +104,7 @@ NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_E
                     "-D__CUDA_NO_HALF2_OPERATORS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
                     "-Wno-deprecated-gpu-targets", "--expt-extended-lambda", "--expt-relaxed-constexpr",
                     "-Xcudafe", ",".join(f"--diag_suppress={d}" for d in NVCC_DIAG_SUPPRESS),
-                    "-O3", "-DNDEBUG", "-Xcompiler=-fPIC", "-std=c++14")
+                    "-O3", "-DNDEBUG", "-Xcompiler=-fPIC")
 # Definitions of the CPU library that must not leak into a CUDA unit of another library.
 CPU_ONLY_DEFINES = ("-Dtorch_cpu_EXPORTS", "-DCAFFE2_BUILD_MAIN_LIB")
 # The headers a CUDA configure writes from templates (template -> place in the build dir).
@@ -345,8 +347,11 @@ def nvcc_command(unit: str, reference: dict[str, Any], gencode: list[str], host_
     """The nvcc command for a .cu unit, derived from a CPU unit's command (module docstring, 7)."""
     directory = reference["directory"]
     extra = shlex.split(nvcc_flags) if nvcc_flags else []
-    return ["nvcc", "-ccbin", host_compiler, *host_flags(entry_argv(reference), directory),
-            *NVCC_FIXED_FLAGS, *extra, *gencode, "-x", "cu", "-c", f"{CONTAINER_SRC}/{unit}", "-o", output]
+    argv = entry_argv(reference)
+    # The CPU unit's language standard (1.13.1: gnu++14; 2.x: gnu++17) is the CUDA unit's too.
+    standard = "-std=c++17" if any(a.startswith("-std=") and a.endswith("++17") for a in argv) else "-std=c++14"
+    return ["nvcc", "-ccbin", host_compiler, *host_flags(argv, directory),
+            *NVCC_FIXED_FLAGS, standard, *extra, *gencode, "-x", "cu", "-c", f"{CONTAINER_SRC}/{unit}", "-o", output]
 
 
 def configure_file(template: str, values: dict[str, str], defined: set[str]) -> str:

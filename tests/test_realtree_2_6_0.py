@@ -216,3 +216,16 @@ def test_the_real_tree_configures_in_the_trixie_builder(realtree_mirror_260, pus
                 docker_client.images.remove(record["image_tag"])
             except Exception:  # noqa: BLE001 - in use by a concurrent session
                 pass
+
+
+# --- the compile check's CUDA command for a 2.x unit -----------------------------------------------
+def test_a_2_x_cuda_unit_takes_the_cpu_units_cxx17_and_trixie_has_nvcc_12_4():
+    from patcher import compilecheck as cc
+
+    entry = {"directory": "/src/build", "file": "/src/aten/src/ATen/native/LossCTC.cpp",
+             "command": "/usr/bin/g++-13 -Iaten/src -DAT_PER_OPERATOR_HEADERS -O3 -std=gnu++17 "
+                        "-c /src/aten/src/ATen/native/LossCTC.cpp"}
+    argv = cc.nvcc_command("aten/src/ATen/native/cuda/LossCTC.cu", entry, ["-gencode=arch=compute_90,code=sm_90"],
+                           "g++-13", None, "/src/build/out/LossCTC.cu.o")
+    assert "-std=c++17" in argv and "-std=c++14" not in argv
+    assert cc.DEBIAN_CUDA["trixie"]["nvcc"] == "12.4"
