@@ -16,8 +16,6 @@ import pytest
 from patcher.probe import all_check_ids
 from tests.fixtures.common import run_patcher
 
-pytestmark = pytest.mark.docker
-
 NO_CUDA = "needs CUDA; this torch is built without CUDA"
 CRASH_OR_USE = r"^(killed by SIG(SEGV|BUS|ABRT) \(exit -(11|7|6)\)|.*without checking it.*)$"
 
@@ -52,6 +50,7 @@ def test_every_check_has_an_expectation():
     assert set(EXPECTED_BULLSEYE) == set(all_check_ids())
 
 
+@pytest.mark.docker
 def test_the_probe_finds_the_defects_on_debians_1_7_1(bullseye_torch_image, tmp_path):
     out = tmp_path / "report.json"
     result = run_patcher("probe", "--image", bullseye_torch_image.tag, "--json", out, timeout=1200)
@@ -69,3 +68,4 @@ def test_the_probe_finds_the_defects_on_debians_1_7_1(bullseye_torch_image, tmp_
     assert env["torch"]["version"] == "1.7.0a0" and env["python"]["version"].startswith("3.9.")
     required_failures = [c["id"] for c in report["checks"] if c["required"] and c["status"] in ("fail", "error")]
     assert result.exit_code == (0 if not required_failures else 50), result.stderr
+

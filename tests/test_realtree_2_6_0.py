@@ -229,3 +229,41 @@ def test_a_2_x_cuda_unit_takes_the_cpu_units_cxx17_and_trixie_has_nvcc_12_4():
                            "g++-13", None, "/src/build/out/LossCTC.cu.o")
     assert "-std=c++17" in argv and "-std=c++14" not in argv
     assert cc.DEBIAN_CUDA["trixie"]["nvcc"] == "12.4"
+
+
+# --- every unit the series touches compiles (C++ with the trixie builder's g++, .cu with nvcc 12.4) ---
+SERIES_UNITS = {
+    "aten/src/ATen/native/LossCTC.cpp": "c++",
+    "aten/src/ATen/native/cuda/LossCTC.cu": "cuda",
+    "aten/src/ATen/native/mkldnn/Utils.cpp": "c++",
+    "torch/csrc/jit/mobile/parse_bytecode.cpp": "c++",
+    "torch/csrc/jit/python/pybind_utils.cpp": "c++",
+    "aten/src/ATen/native/cuda/AdaptiveMaxPooling2d.cu": "cuda",
+    "aten/src/ATen/native/cuda/GridSampler.cu": "cuda",
+}
+
+
+@pytest.mark.docker
+@pytest.mark.realtree
+@pytest.mark.slow
+def test_every_unit_of_the_2_6_0_series_compiles(realtree_checkout_260, realtree_mirror_260, pushed_trixie_base,
+                                                 tmp_path, patcher_cli, no_leaks):
+    patches.apply_series(patches.load_series(DEFAULT_CATALOG / "patches", TORCH), realtree_checkout_260)
+    config = tmp_path / "config.toml"
+    config.write_text(realtree_mirror_260.config_file.read_text() + "\n"
+                      + pushed_trixie_base.config_toml("debian-trixie"))
+    report_path = tmp_path / "report.json"
+    # the oldest and newest entries of cu124's arch list, as the 1.13.1 check does
+    res = patcher_cli("--config", config, "check", "--compile", "--torch", TORCH, "--cuda", "12.4",
+                      "--source", realtree_checkout_260, "--report", report_path, "--arch", "5.0;9.0",
+                      timeout=3600)
+    assert res.exit_code == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    assert {u["path"]: (u["language"], u["status"]) for u in report["units"]} == {
+        path: (lang, "pass") for path, lang in SERIES_UNITS.items()}
+    assert "release 12.4" in report["compilers"]["nvcc"]
+    assert all("-std=gnu++17" in u["command"] for u in report["units"] if u["language"] == "c++")
+    assert report["estimate"]["estimated_seconds"] > report["durations"]["total"]
+    for unit in report["units"]:
+        print(f"{unit['path']}: {unit['seconds']:.1f} s")
+    print("estimate:", json.dumps(report["estimate"]))
