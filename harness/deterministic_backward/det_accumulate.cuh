@@ -188,23 +188,36 @@ static inline det_walk5 det_make_walk5(const det_view5& v) {
   return w;
 }
 
-// linear index (memory order) -> logical (n, c, d, h, w)
+// linear index (memory order) -> logical (n, c, d, h, w). The digits are
+// routed to their dims by selects, not by idx[w.dim[k]] = ...: an index only
+// known at run time would put idx in local memory, which cost the gather
+// kernels more than all their arithmetic.
 __device__ __forceinline__ void det_unravel5(const det_walk5& w, int64_t linear, int64_t* idx) {
+  int64_t digit[5];
   if (w.small) {
     uint32_t rest = static_cast<uint32_t>(linear);
 #pragma unroll
     for (int k = 0; k < 5; ++k) {
       const uint32_t q = w.div[k].div(rest);
-      idx[w.dim[k]] = rest - q * w.div[k].d;
+      digit[k] = rest - q * w.div[k].d;
       rest = q;
     }
   } else {
     int64_t rest = linear;
 #pragma unroll
     for (int k = 0; k < 5; ++k) {
-      idx[w.dim[k]] = rest % w.size[k];
+      digit[k] = rest % w.size[k];
       rest = rest / w.size[k];
     }
+  }
+#pragma unroll
+  for (int d = 0; d < 5; ++d) {
+    int64_t v = 0;
+#pragma unroll
+    for (int k = 0; k < 5; ++k) {
+      v = w.dim[k] == d ? digit[k] : v;
+    }
+    idx[d] = v;
   }
 }
 

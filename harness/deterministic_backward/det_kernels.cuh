@@ -572,7 +572,9 @@ static void grid_sampler_2d_backward_deterministic(
 // the input) and a channel-independent weight. A stable radix sort by key
 // groups each voxel's contributions in ordinal order; one thread per
 // grad_input element sums weight * grad_output over its voxel's run, front to
-// back, in the accumulate type, and stores once. Nearest rounds with
+// back, in the accumulate type, and stores once (a run longer than 256
+// terms, from grids concentrated on a few voxels, is summed by a warp in a
+// fixed lane order and shuffle tree instead). Nearest rounds with
 // grid_sampler_3d_round_nearest, the rounding of the forward kernel of the
 // torch this is compiled into.
 template <typename index_t>
@@ -781,7 +783,61 @@ __global__ void grid_sampler_3d_backward_deterministic_runs_kernel(
   }
 }
 
-// One thread per grad_input element (n, c, z, y, x); sums its voxel's run.
+// Runs longer than this are summed by a warp (the long-runs kernel below):
+// grids concentrated on a few voxels give runs of thousands of terms.
+#define GRID_SAMPLER_3D_DETERMINISTIC_LONG_RUN 256
+
+// One warp per voxel whose run is long: for each channel, lane l sums terms
+// l, l + 32, ... of the run in order, a fixed shuffle tree adds the 32
+// partial sums, lane 0 stores. Which voxels take this path depends on the
+// sorted keys only; the lanes' terms and the tree on the run length only:
+// bitwise reproducible.
+template <typename scalar_t, typename opmath_t, typename index_t>
+C10_LAUNCH_BOUNDS_1(256)
+__global__ void grid_sampler_3d_backward_deterministic_long_runs_kernel(
+    const int64_t voxels,  // N * inp_D * inp_H * inp_W
+    const index_t C, const index_t inp_D, const index_t inp_H, const index_t inp_W,
+    const index_t gInp_sN, const index_t gInp_sC, const index_t gInp_sD,
+    const index_t gInp_sH, const index_t gInp_sW, const index_t gOut_sC,
+    const scalar_t* __restrict__ grad_output,
+    const int64_t* __restrict__ run_begin,
+    const int64_t* __restrict__ run_end,
+    const opmath_t* __restrict__ packed_weights,
+    const index_t* __restrict__ packed_offsets,
+    scalar_t* __restrict__ grad_input) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warps = (static_cast<int64_t>(blockDim.x) * gridDim.x) >> 5;
+  for (int64_t key = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; key < voxels;
+       key += warps) {
+    const int64_t begin = run_begin[key];
+    const int64_t end = run_end[key];
+    if (end - begin <= GRID_SAMPLER_3D_DETERMINISTIC_LONG_RUN) {
+      continue;  // the same for the whole warp: the gather kernel has this voxel
+    }
+    const index_t x = static_cast<index_t>(key % inp_W);
+    const index_t y = static_cast<index_t>((key / inp_W) % inp_H);
+    const index_t z = static_cast<index_t>((key / (static_cast<int64_t>(inp_W) * inp_H)) % inp_D);
+    const index_t n = static_cast<index_t>(key / (static_cast<int64_t>(inp_W) * inp_H * inp_D));
+    for (index_t c = 0; c < C; ++c) {
+      const index_t c_offset = c * gOut_sC;
+      opmath_t acc = static_cast<opmath_t>(0);
+      for (int64_t i = begin + lane; i < end; i += 32) {
+        acc += packed_weights[i] *
+            static_cast<opmath_t>(grad_output[packed_offsets[i] + c_offset]);
+      }
+      for (int offset = 16; offset > 0; offset /= 2) {
+        acc += __shfl_down_sync(0xffffffffu, acc, offset);
+      }
+      if (lane == 0) {
+        grad_input[n * gInp_sN + c * gInp_sC + z * gInp_sD + y * gInp_sH + x * gInp_sW] =
+            static_cast<scalar_t>(acc);
+      }
+    }
+  }
+}
+
+// One thread per grad_input element (n, c, z, y, x); sums its voxel's run
+// (long runs: the kernel above).
 template <typename scalar_t, typename opmath_t, typename index_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void grid_sampler_3d_backward_deterministic_gather_kernel(
@@ -807,6 +863,9 @@ __global__ void grid_sampler_3d_backward_deterministic_gather_kernel(
     const int64_t key = ((static_cast<int64_t>(n) * inp_D + z) * inp_H + y) * inp_W + x;
     const int64_t begin = run_begin[key];
     const int64_t end = run_end[key];
+    if (end - begin > GRID_SAMPLER_3D_DETERMINISTIC_LONG_RUN) {
+      continue;  // a warp sums it
+    }
     const index_t c_offset = c * gOut_sC;
     opmath_t acc = static_cast<opmath_t>(0);
     for (int64_t i = begin; i < end; ++i) {
@@ -907,6 +966,20 @@ static void grid_sampler_3d_backward_deterministic_impl(
   grid_sampler_3d_backward_deterministic_gather_kernel<scalar_t, opmath_t, index_t>
       <<<grid_sampler_2d_deterministic_blocks(total), 256, 0, stream>>>(
           static_cast<index_t>(total), C, inp_D, inp_H, inp_W,
+          grad_input.stride(0), grad_input.stride(1), grad_input.stride(2),
+          grad_input.stride(3), grad_input.stride(4), grad_output.stride(1),
+          grad_output.data_ptr<scalar_t>(),
+          static_cast<const int64_t*>(run_begin.get()),
+          static_cast<const int64_t*>(run_end.get()),
+          static_cast<const opmath_t*>(packed_weights.get()),
+          static_cast<const index_t*>(packed_offsets.get()),
+          grad_input.data_ptr<scalar_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // one warp per voxel, 8 a block; most return at once (short runs)
+  const int long_run_blocks = static_cast<int>(std::min<int64_t>((sentinel + 7) / 8, int64_t(1) << 16));
+  grid_sampler_3d_backward_deterministic_long_runs_kernel<scalar_t, opmath_t, index_t>
+      <<<long_run_blocks, 256, 0, stream>>>(
+          sentinel, C, inp_D, inp_H, inp_W,
           grad_input.stride(0), grad_input.stride(1), grad_input.stride(2),
           grad_input.stride(3), grad_input.stride(4), grad_output.stride(1),
           grad_output.data_ptr<scalar_t>(),

@@ -349,8 +349,11 @@ static void avg_pool3d_backward_deterministic(
         auto stream = at::cuda::getCurrentCUDAStream();
         // divide once per output cell when grad_output is dense (its offsets
         // then index a scratch buffer of the same size)
+        // (not when windows do not overlap, kernel <= stride: then each
+        // input element divides its one output cell itself)
         const int64_t total_out = grad_output.numel();
-        const bool prescale = total_out > 0 && det_span(go) == total_out;
+        const bool overlap = kT > dT || kH > dH || kW > dW;
+        const bool prescale = overlap && total_out > 0 && det_span(go) == total_out;
         c10::DataPtr scaled;
         if (prescale) {
           scaled = c10::cuda::CUDACachingAllocator::get()->allocate(total_out * sizeof(opmath_t));
@@ -461,6 +464,52 @@ __device__ __forceinline__ int det_pad_sources(
   return n;  // the order is fixed by the candidate order: all determinism needs
 }
 
+// det_pad_sources in three fixed slots: slot k holds [lo[k], hi[k]] (empty:
+// lo > hi), in the same order, so the kernel indexes them only with
+// constants (a slot index known only at run time puts the arrays in local
+// memory).
+template <typename idx_t>
+__device__ __forceinline__ void det_pad_slots(
+    bool reflection, idx_t x, idx_t in, idx_t out, idx_t pad_l, idx_t* lo, idx_t* hi) {
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    lo[k] = 1;
+    hi[k] = 0;
+  }
+  const idx_t u = x + pad_l;
+  const idx_t pad_r = out - in - pad_l;
+  const idx_t edge_l = reflection ? pad_l : idx_t(0), edge_r = reflection ? pad_r : idx_t(0);
+  if ((in == out && pad_l == 0) ||  // an axis the op does not pad
+      (pad_l >= 0 && pad_r >= 0 && x > edge_l && x < in - 1 - edge_r)) {  // one source: direct
+    lo[0] = u;
+    hi[0] = u;
+    return;
+  }
+  if (!reflection) {
+    idx_t a = x == 0 ? idx_t(0) : u;
+    idx_t b = x == in - 1 ? out - 1 : u;
+    lo[0] = a < 0 ? idx_t(0) : a;
+    hi[0] = b > out - 1 ? out - 1 : b;
+    return;
+  }
+  // left mirror, direct, right mirror; a candidate equal to an earlier one is dropped
+  const idx_t cand[3] = {2 * pad_l - u, u, 2 * (in + pad_l - 1) - u};
+  bool valid[3];
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const idx_t o = cand[k];
+    valid[k] = o >= 0 && o < out && det_reflect_source(o, in, pad_l) == x;
+#pragma unroll
+    for (int j = 0; j < k; ++j) {
+      valid[k] = valid[k] && !(valid[j] && cand[j] == o);
+    }
+    if (valid[k]) {
+      lo[k] = o;
+      hi[k] = o;
+    }
+  }
+}
+
 template <typename scalar_t, typename opmath_t, typename idx_t>
 C10_LAUNCH_BOUNDS_1(256)
 __global__ void pad_backward_deterministic_kernel(
@@ -481,21 +530,23 @@ __global__ void pad_backward_deterministic_kernel(
     int64_t idx[5];
     det_unravel5(walk, linear, idx);
     idx_t lo[3][3], hi[3][3];
-    int nr[3];
+#pragma unroll
     for (int a = 0; a < 3; ++a) {
-      nr[a] = det_pad_sources(prm.reflection, static_cast<idx_t>(idx[2 + a]), I[a], O[a], PL[a],
-                              lo[a], hi[a]);
+      det_pad_slots(prm.reflection, static_cast<idx_t>(idx[2 + a]), I[a], O[a], PL[a], lo[a], hi[a]);
     }
     const scalar_t* gout = grad_output + static_cast<idx_t>(idx[0]) * static_cast<idx_t>(go.stride[0]) +
         static_cast<idx_t>(idx[1]) * static_cast<idx_t>(go.stride[1]);
     using acc_t = det_gather_acc_t<scalar_t>;
     acc_t acc = static_cast<acc_t>(0);
-    for (int rd = 0; rd < nr[0]; ++rd) {
+#pragma unroll
+    for (int rd = 0; rd < 3; ++rd) {
       for (idx_t od = lo[0][rd]; od <= hi[0][rd]; ++od) {
-        for (int rh = 0; rh < nr[1]; ++rh) {
+#pragma unroll
+        for (int rh = 0; rh < 3; ++rh) {
           for (idx_t oh = lo[1][rh]; oh <= hi[1][rh]; ++oh) {
             const scalar_t* row = gout + od * gs2 + oh * gs3;
-            for (int rw = 0; rw < nr[2]; ++rw) {
+#pragma unroll
+            for (int rw = 0; rw < 3; ++rw) {
               for (idx_t ow = lo[2][rw]; ow <= hi[2][rw]; ++ow) {
                 acc += static_cast<acc_t>(row[ow * gs4]);
               }

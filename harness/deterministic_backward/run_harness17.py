@@ -250,7 +250,7 @@ def run_case(op, name, kind, builder, dt):
     t_torch = median_ms(torch_fn)
     t_ours = median_ms(ours_fn)
     rec["timing"] = {"torch_atomic_ms": t_torch, "ours_ms": t_ours, "ratio": t_ours / t_torch}
-    if dt == "fp32" and op in FLOAT_ACCUMULATION_OPS:
+    if dt == "fp32" and op in FLOAT_ACCUMULATION_OPS and not os.environ.get("DETBW17_NO_FLOAT_ACC"):
         # the same kernels with the running sum in float (the earlier version), for the double's cost and gain
         ext.set_float_accumulation(True)
         try:

@@ -179,7 +179,19 @@ def t_grid3d():
                 ours_gi, ours_gg = ext.grid_sampler_3d_backward(go, x, g, mi, pi, ac, [True, True])
                 check("grid_sampler_3d %s %s ac%d grad_input" % (mode, pad, ac), ours_gi, gi)
                 check("grid_sampler_3d %s %s ac%d grad_grid" % (mode, pad, ac), ours_gg, ggr)
-    _, only_grid = ext.grid_sampler_3d_backward(go, x, g, 1, 0, False, [False, True])
+    # a grid inside one voxel's neighbourhood: runs of thousands of terms (the warp-per-voxel path)
+    x = torch.randn(1, 3, 4, 4, 4, device=dev)
+    gc = (torch.rand(1, 16, 16, 16, 3, device=dev) * 0.1 - 0.05)
+    for mode, mi in [("bilinear", 0), ("nearest", 1)]:
+        xx = x.detach().requires_grad_(True)
+        gg = gc.detach().requires_grad_(True)
+        y = F.grid_sample(xx, gg, mode=mode, padding_mode="zeros", align_corners=False)
+        go = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(dev)
+        gi, ggr = torch.autograd.grad(y, (xx, gg), go)
+        ours_gi, ours_gg = ext.grid_sampler_3d_backward(go, x, gc, mi, 0, False, [True, True])
+        check("grid_sampler_3d %s concentrated grad_input (long runs)" % mode, ours_gi, gi, tol=1e-4)
+        check("grid_sampler_3d %s concentrated grad_grid" % mode, ours_gg, ggr)
+    _, only_grid = ext.grid_sampler_3d_backward(go, x, gc, 1, 0, False, [False, True])
     check("grid_sampler_3d no input grad", only_grid, torch.zeros_like(only_grid))
 
 
