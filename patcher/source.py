@@ -21,6 +21,18 @@ How a fetch works:
    the tree stays clean) and the temp directory is renamed to ``-o``.  On any failure the temp
    directory is removed: nothing half-cloned remains.
 
+A second fetch of the same commit writes no file: the first one keeps its checkout's files in
+``<cache_dir>/checkouts/ORG/REPO/<commit>/`` (hard links: no copy) with the tree hash it
+computed, and a later fetch hard-links them into the new tree.  Nothing about them is trusted:
+git rebuilds the index from the commit and compares every file's content with the commit's
+blobs (``update-index --refresh``), and the tree hash is computed from the files again and
+must equal the recorded one; a kept checkout that fails either is removed (one line on
+stderr says so) and the tree is checked out from git as on a first fetch.  The trees fetched
+this way share their files with the cache: git, patch tools and editors that write a new
+file and rename it break the link, but a write in place into one of them (``>`` in a shell)
+shows in the others; the next fetch finds the damage and checks out afresh.  Where links
+cannot be made (another file system), every fetch checks out from git.
+
 The tree hash (:func:`tree_hash`) is ``sha256:`` + the sha256 of::
 
     b"patcher-tree-v1\\n" + for each file git tracks, submodules included, sorted by path:
@@ -40,6 +52,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
@@ -440,8 +453,12 @@ def update_cache(spec: BuildSpec, settings: Settings) -> tuple[Path, tuple[Submo
 
 
 @reports_failures_as(FetchError, "fetch failed")
-def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False) -> SourceTree:
-    """Fetch ``spec``'s tag at its pinned commit, with submodules, into ``dest``."""
+def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False,
+          notify: Callable[[str], None] | None = None) -> SourceTree:
+    """Fetch ``spec``'s tag at its pinned commit, with submodules, into ``dest``.
+
+    ``notify`` gets one line when a kept checkout in the cache is found damaged (default:
+    stderr); the fetch then checks the tree out from git."""
     dest = Path(dest).absolute()
     if not is_known(spec.commit):
         raise UnpinnedInputError(
@@ -456,23 +473,46 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
                           commit=spec.commit, commit_overridden=spec.commit_overridden, tree_hash="")
 
     cache, submodules = update_cache(spec, settings)
-
+    kept = kept_checkout_dir(settings, spec.repo, spec.commit)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    result = None
+    if (kept / KEPT_RECORD).is_file():
+        result, damage = _fetch_from_kept(spec, settings, cache, source, submodules, kept, dest)
+        if damage:
+            shutil.rmtree(kept, ignore_errors=True)
+            (notify or _to_stderr)(f"patcher: the kept checkout of {spec.commit[:12]} in {kept} {damage}; "
+                                   f"removed it, checking out from git")
+    if result is None:
+        result = _fetch_into(spec, settings, cache, source, submodules, dest,
+                             lambda tmp: _checkout_from_git(spec, cache, tmp), keep=kept)
+    return result
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _fetch_into(spec: BuildSpec, settings: Settings, cache: Path, source: str,
+                submodules: tuple[SubmoduleRecord, ...], dest: Path, populate: Callable[[Path], None],
+                keep: Path | None = None, expect_hash: str | None = None) -> SourceTree | None:
+    """A tree in a temp directory beside ``dest``: ``populate`` (the top-level repository), then
+    the submodules, the tree hash and the manifest, then renamed to ``dest``.  With
+    ``expect_hash``, a different tree hash returns None (nothing left behind)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
-        try:
-            run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
-            run_git("checkout", "-q", "--detach", spec.commit, cwd=tmp)
-            tag_object = run_git("rev-parse", f"refs/patcher/tags/{spec.tag}", cwd=cache).stdout.strip()
-            run_git("update-ref", f"refs/tags/{spec.tag}", tag_object, cwd=tmp)
-            run_git("remote", "set-url", "origin", source, cwd=tmp)
-        except GitCommandFailed as exc:
-            raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
-                             hint=f"remove the cache {cache} and fetch again") from None
+        populate(tmp)
+        tag_object = run_git("rev-parse", f"refs/patcher/tags/{spec.tag}", cwd=cache).stdout.strip()
+        run_git("update-ref", f"refs/tags/{spec.tag}", tag_object, cwd=tmp)
+        run_git("remote", "set-url", "origin", source, cwd=tmp)
         _checkout_submodules(settings, tmp, spec.commit, spec.repo, submodules)
         result = SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
                             commit=spec.commit, commit_overridden=spec.commit_overridden,
                             tree_hash=tree_hash(tmp), submodules=submodules)
+        if expect_hash is not None and result.tree_hash != expect_hash:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        if keep is not None:
+            _keep_checkout(tmp, keep, spec.commit, result.tree_hash)
         write_manifest(tmp, result)
         umask = os.umask(0)
         os.umask(umask)
@@ -482,6 +522,126 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return result
+
+
+def _checkout_from_git(spec: BuildSpec, cache: Path, tmp: Path) -> None:
+    try:
+        run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+        run_git("checkout", "-q", "--detach", spec.commit, cwd=tmp)
+    except GitCommandFailed as exc:
+        raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
+                         hint=f"remove the cache {cache} and fetch again") from None
+
+
+# --- kept checkouts: a second fetch of a commit links the first one's files ------------------
+KEPT_RECORD = "checkout.json"
+KEPT_FORMAT = 1
+
+
+def kept_checkout_dir(settings: Settings, upstream: str, commit: str) -> Path:
+    org, repo = org_repo(upstream)
+    return Path(settings.cache_dir) / "checkouts" / org / repo / commit
+
+
+def _top_level_entries(tree: Path) -> list[tuple[int, str, str]]:
+    """(mode, object id, path) of the entries in ``tree``'s own index (submodules not recursed)."""
+    out = run_git("ls-files", "-z", "--stage", cwd=tree).stdout
+    entries = []
+    for entry in out.split("\0"):
+        if entry:
+            meta, path = entry.split("\t", 1)
+            mode, oid = meta.split()[:2]
+            entries.append((int(mode, 8), oid, path))
+    return entries
+
+
+def _link_files(source_root: str, target_root: str, entries: list[tuple[int, str, str]]) -> None:
+    """Hard-link each tracked file of ``source_root`` to the same path under ``target_root``
+    (symlinks are made anew; a submodule gets its empty directory, as a checkout leaves it)."""
+    os.makedirs(target_root, exist_ok=True)
+    made = {""}
+    for mode, _oid, path in entries:
+        parent = os.path.dirname(path)
+        if parent not in made:
+            os.makedirs(os.path.join(target_root, parent), exist_ok=True)
+            made.add(parent)
+        target = os.path.join(target_root, path)
+        if mode == 0o160000:
+            os.makedirs(target, exist_ok=True)
+            made.add(path)
+        elif mode == 0o120000:
+            os.symlink(os.readlink(os.path.join(source_root, path)), target)
+        else:
+            os.link(os.path.join(source_root, path), target)
+
+
+def _keep_checkout(tree: Path, kept: Path, commit: str, computed_hash: str) -> None:
+    """Keep ``tree``'s files (links) and its tree hash for the next fetch of ``commit``; a cache
+    that cannot take them (another file system, no space) only means the next fetch checks out."""
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{commit[:12]}.keep-", dir=kept.parent))
+    try:
+        _link_files(str(tree), str(staging / "files"), _top_level_entries(tree))
+        (staging / KEPT_RECORD).write_text(json.dumps(
+            {"format": KEPT_FORMAT, "commit": commit, "tree_hash": computed_hash}, sort_keys=True) + "\n",
+            encoding="utf-8")
+        shutil.rmtree(kept, ignore_errors=True)
+        os.replace(staging, kept)
+    except (OSError, GitCommandFailed):
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fetch_from_kept(spec: BuildSpec, settings: Settings, cache: Path, source: str,
+                     submodules: tuple[SubmoduleRecord, ...], kept: Path,
+                     dest: Path) -> tuple[SourceTree | None, str]:
+    """The tree from the kept checkout: (the tree, "") or (None, what is wrong with it)."""
+    try:
+        record = json.loads((kept / KEPT_RECORD).read_text(encoding="utf-8"))
+        recorded_hash = record["tree_hash"]
+        if record.get("format") != KEPT_FORMAT or record.get("commit") != spec.commit \
+                or not str(recorded_hash).startswith("sha256:"):
+            raise ValueError("not a record of this commit")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return None, f"has no usable {KEPT_RECORD} ({exc})"
+    problem: list[str] = []
+
+    def populate(tmp: Path) -> None:
+        try:
+            run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+            run_git("read-tree", spec.commit, cwd=tmp)  # the index, from the commit itself
+            run_git("update-ref", "--no-deref", "-m", f"checkout: moving to {spec.commit}", "HEAD",
+                    spec.commit, cwd=tmp)
+        except GitCommandFailed as exc:
+            raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
+                             hint=f"remove the cache {cache} and fetch again") from None
+        try:
+            _link_files(str(kept / "files"), str(tmp), _top_level_entries(tmp))
+        except FileNotFoundError as exc:
+            problem.append(f"lacks {os.path.relpath(exc.filename, kept / 'files')}")
+            raise _KeptCheckoutDamaged from None
+        except OSError as exc:  # e.g. EXDEV, EMLINK: no links from there to here
+            problem.append(f"cannot be linked into {dest.parent} ({exc.strerror or exc})")
+            raise _KeptCheckoutDamaged from None
+        # git compares every file with the commit's blob (the index has no stat data yet) and
+        # records the stat data, as a checkout leaves it
+        run_git("update-index", "-q", "--refresh", cwd=tmp, check=False)
+        changed = run_git("diff-files", "--name-only", "-z", cwd=tmp).stdout.split("\0")
+        changed = [p for p in changed if p]
+        if changed:
+            problem.append(f"differs from the commit in {len(changed)} file(s), first {changed[0]}")
+            raise _KeptCheckoutDamaged
+
+    try:
+        result = _fetch_into(spec, settings, cache, source, submodules, dest, populate, expect_hash=recorded_hash)
+    except _KeptCheckoutDamaged:
+        return None, problem[0]
+    if result is None:
+        return None, f"does not give its recorded tree hash {recorded_hash}"
+    return result, ""
+
+
+class _KeptCheckoutDamaged(Exception):
+    pass
 
 
 def write_manifest(tree: Path, result: SourceTree) -> Path:

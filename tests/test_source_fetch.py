@@ -282,6 +282,89 @@ def test_fetch_command_exit_codes(small_mirror, tmp_path, patcher_cli):
     assert not (tmp_path / "moved").exists()
 
 
+# --- a second fetch links the kept checkout ---------------------------------------------------
+def _fetch_twice(small_mirror, tmp_path, damage=None):
+    """Fetch v1.0 into a, apply ``damage(kept files dir)``, fetch it into b; (a, b, kept, notices)."""
+    settings = settings_for(tmp_path, small_mirror.url)
+    spec = spec_for(settings, "v1.0", small_mirror.commits["v1.0"])
+    first = source.fetch(spec, settings, tmp_path / "a")
+    kept = source.kept_checkout_dir(settings, spec.repo, spec.commit)
+    if damage:
+        damage(kept)
+    notices = []
+    second = source.fetch(spec, settings, tmp_path / "b", notify=notices.append)
+    return first, second, kept, notices
+
+
+def _same_file(one: Path, two: Path) -> bool:
+    return os.stat(one).st_ino == os.stat(two).st_ino
+
+
+def test_second_fetch_links_the_kept_checkout_and_checks_it(small_mirror, tmp_path):
+    first, second, kept, notices = _fetch_twice(small_mirror, tmp_path)
+    assert notices == []
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert json.loads((kept / "checkout.json").read_text())["tree_hash"] == first.tree_hash
+    # the top-level repository's files are the kept ones (links), the submodules checked out
+    assert _same_file(a / "main.txt", b / "main.txt") and _same_file(kept / "files" / "main.txt", b / "main.txt")
+    assert not _same_file(a / "libs" / "dep" / "dep.txt", b / "libs" / "dep" / "dep.txt")
+    assert os.access(b / "bin" / "tool.sh", os.X_OK)
+    assert second.tree_hash == first.tree_hash == source.tree_hash(b)
+    # the tree is what a checkout leaves: detached at the commit, index current, clean, tagged
+    assert git(b, "rev-parse", "HEAD") == first.commit
+    assert subprocess.run(["git", "symbolic-ref", "-q", "HEAD"], cwd=b).returncode == 1
+    assert git(b, "diff-files", "--name-only") == "" and git(b, "diff-index", "--cached", "--name-only", "HEAD") == ""
+    assert git(b, "status", "--porcelain", "--ignore-submodules=none") == ""
+    assert git(b, "rev-parse", "v1.0^{commit}") == first.commit
+    assert git(b, "remote", "get-url", "origin") == first.fetched_from
+    assert source.read_manifest(b) == second and second.path == str(b)
+    # a file replaced in b (as git, patch and editors do) leaves a and the cache as they were
+    (b / "main.txt").unlink()
+    (b / "main.txt").write_text("patched\n")
+    assert (a / "main.txt").read_text() == (kept / "files" / "main.txt").read_text() == "v1.0\n"
+
+
+def _write_in_place(kept):
+    with open(kept / "files" / "main.txt", "r+") as fh:  # in place: every link to it sees this
+        fh.write("XXXX")
+
+
+@pytest.mark.parametrize("damage, says", [
+    (_write_in_place, "differs from the commit in 1 file(s), first main.txt"),
+    (lambda kept: (kept / "files" / "bin" / "tool.sh").unlink(), "lacks bin/tool.sh"),
+    (lambda kept: (kept / "checkout.json").write_text("{}"), "has no usable checkout.json"),
+    (lambda kept: (kept / "checkout.json").write_text(json.dumps(
+        {**json.loads((kept / "checkout.json").read_text()), "tree_hash": "sha256:" + "0" * 64})),
+     "does not give its recorded tree hash sha256:0000"),
+], ids=["written-in-place", "file-missing", "record-unreadable", "recorded-hash-differs"])
+def test_damaged_kept_checkout_is_found_and_checked_out_again(small_mirror, tmp_path, damage, says):
+    first, second, kept, notices = _fetch_twice(small_mirror, tmp_path, damage)
+    assert len(notices) == 1 and "\n" not in notices[0], notices
+    assert says in notices[0] and f"kept checkout of {first.commit[:12]}" in notices[0]
+    assert notices[0].endswith("removed it, checking out from git")
+    b = tmp_path / "b"
+    assert second.tree_hash == source.tree_hash(b)
+    assert (b / "main.txt").read_text() == "v1.0\n" and os.access(b / "bin" / "tool.sh", os.X_OK)
+    assert git(b, "status", "--porcelain", "--ignore-submodules=none") == ""
+    if damage is not _write_in_place:  # a's files are the damaged ones there, so its hash differs
+        assert second.tree_hash == first.tree_hash
+    # the cache keeps b's checkout now, and the fetch after it links that one
+    assert json.loads((kept / "checkout.json").read_text())["tree_hash"] == second.tree_hash
+    assert _same_file(kept / "files" / "main.txt", b / "main.txt")
+    assert leftovers(tmp_path, {"a", "b", "cache", "mirror", "work"}) == set()
+
+
+def test_fetch_reports_kept_damage_on_stderr_in_one_line(small_mirror, tmp_path, capsys):
+    settings = settings_for(tmp_path, small_mirror.url)
+    spec = spec_for(settings, "v1.0", small_mirror.commits["v1.0"])
+    source.fetch(spec, settings, tmp_path / "a")
+    _write_in_place(source.kept_checkout_dir(settings, spec.repo, spec.commit))
+    capsys.readouterr()
+    source.fetch(spec, settings, tmp_path / "b")
+    err = capsys.readouterr().err
+    assert err.startswith("patcher: the kept checkout of ") and err.count("\n") == 1
+
+
 # --- the real tree ---------------------------------------------------------------------------
 @pytest.mark.realtree
 def test_realtree_fetch(realtree_mirror, realtree_checkout, tmp_path, patcher_cli):
