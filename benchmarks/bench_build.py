@@ -3,7 +3,12 @@
 1. ccache: the wheel stage of a cold build (builder image absent, empty ccache volume) against
    a rebuild after changing one patch (one translation unit changes) with the ccache volume the
    cold build filled.  Ratio = cold / warm, for the wheel stage and for the whole build.
-2. image reuse: the image stage of the cold build (docker build of the builder image) against
+2. kept build tree (``--keep-build-tree``): the same one-patch rebuild where the build tree of
+   the previous build (CMake/ninja state, objects) is kept in a volume and only the changed
+   files are written into it, so only the changed unit recompiles.  Ratio = cold / kept, for
+   the wheel stage, configure + wheel, and the whole build; the kept build's wheel must be the
+   fresh tree's (same sha256).
+3. image reuse: the image stage of the cold build (docker build of the builder image) against
    the second build of the unchanged spec (the Dockerfile hash names an image that exists, so
    the build is skipped).  Ratio = built / reused.
 
@@ -72,14 +77,21 @@ def _pinned_base(client, scratch: Path) -> tuple[str, subprocess.Popen | None]:
     return pinned, registry
 
 
-def _build(standin, work: Path, cache: Path, volume: str):
+def _build(standin, work: Path, cache: Path, volume: str, keep_tree: bool = False):
     from patcher.builder import BuildOptions, build
 
     settings = standin.settings(work_dir=str(work), cache_dir=str(cache))
-    options = BuildOptions(torch="1.4.0", cuda="none", python="3.9", jobs=2, until="wheel", ccache_volume=volume)
+    options = BuildOptions(torch="1.4.0", cuda="none", python="3.9", jobs=2, until="wheel", ccache_volume=volume,
+                           keep_build_tree=keep_tree)
     started = time.perf_counter()
     result = build(settings, options, stream=io.StringIO(), tty=False)
     return result, time.perf_counter() - started
+
+
+def _tree_volume(work: Path, result) -> str:
+    import json
+
+    return json.loads(result.record.read_text())["build_tree"]["volume"]
 
 
 def run() -> dict:
@@ -92,6 +104,7 @@ def run() -> dict:
     volume = f"patcher-bench-ccache-{uuid.uuid4().hex[:8]}"
     registry = None
     made_images: set[str] = set()
+    tree_volume = None
     try:
         pinned, registry = _pinned_base(client, scratch)
         standin = make_standin(scratch / "standin", image_override=pinned)
@@ -110,13 +123,19 @@ def run() -> dict:
         cold, cold_s = _build(standin, scratch / "work-cold", cache, volume)
         made_images.add(tag)
         again, again_s = _build(standin, scratch / "work-again", cache, volume)
+        kept_first, _ = _build(standin, scratch / "work-kept", cache, volume, keep_tree=True)
+        tree_volume = _tree_volume(scratch / "work-kept", kept_first)
 
         patch = next((standin.catalog / "patches" / "1.4.0").glob("0090-*.patch"))
         patch.write_text(patch.read_text().replace("+  return a + b;", "+  return b + a;"))
         changed, changed_s = _build(standin, scratch / "work-patch", cache, volume)
         assert changed.wheel_sha256 != cold.wheel_sha256, "the changed patch did not change the wheel"
+        kept, kept_s = _build(standin, scratch / "work-kept", cache, volume, keep_tree=True)
+        assert kept.wheel_sha256 == changed.wheel_sha256, "the kept tree's wheel differs from the fresh tree's"
 
         d_cold, d_again, d_changed = cold.stage_durations, again.stage_durations, changed.stage_durations
+        d_kept = kept.stage_durations
+        both = ("configure", "wheel")
         return {
             "what": "stand-in (4 std::regex units + 2 small ones), --jobs 2, this machine",
             "ccache": {
@@ -126,6 +145,16 @@ def run() -> dict:
                 "cold_build_total_s": round(cold_s, 2),
                 "one_patch_changed_total_s": round(changed_s, 2),
                 "ratio_total": round(cold_s / changed_s, 2),
+            },
+            "kept_build_tree": {
+                "one_patch_changed_kept_tree_wheel_stage_s": round(d_kept["wheel"], 2),
+                "ratio_wheel_stage_cold_over_kept": round(d_cold["wheel"] / d_kept["wheel"], 2),
+                "ratio_wheel_stage_fresh_tree_over_kept": round(d_changed["wheel"] / d_kept["wheel"], 2),
+                "ratio_configure_and_wheel_cold_over_kept": round(sum(d_cold[s] for s in both)
+                                                                  / sum(d_kept[s] for s in both), 2),
+                "one_patch_changed_kept_tree_total_s": round(kept_s, 2),
+                "ratio_total": round(cold_s / kept_s, 2),
+                "same_wheel_as_fresh_tree": kept.wheel_sha256 == changed.wheel_sha256,
             },
             "image_reuse": {
                 "image_stage_built_s": round(d_cold["image"], 2),
@@ -141,10 +170,12 @@ def run() -> dict:
                 client.images.remove(tag)
             except docker.errors.APIError:
                 pass
-        try:
-            client.volumes.get(volume).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+        for name in (volume, tree_volume):
+            try:
+                if name:
+                    client.volumes.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                pass
         if registry is not None:
             registry.terminate()
             registry.wait(timeout=10)

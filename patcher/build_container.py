@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 import tarfile
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from patcher import build_tree
 from patcher.buildenv import (
     BUILD_USER,
     CONTAINER_CCACHE,
@@ -33,7 +35,7 @@ from patcher.buildenv import (
 )
 from patcher.container import Container, ContainerConfig, ContainerError, ContainerTimeout, Engine
 from patcher.errors import BuildTimeoutError, DiskFullError, WheelBuildError
-from patcher.record import WheelFile
+from patcher.record import BuildTreeUse, WheelFile
 from patcher.spec import BuildSpec
 from patcher.util import meaningful_line, sha256_file, write_atomic
 
@@ -63,6 +65,7 @@ class StageInputs:
     jobs: int
     work_dir: Path  # labels the containers, so a later run finds what a killed one left
     timeout: float
+    keep_tree: bool = False  # /src is the spec's build-tree volume (patcher.build_tree)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class StageOutcome:
     container_env: dict[str, str]
     toolchain: dict[str, str]
     wheel: WheelFile | None = None
+    build_tree: BuildTreeUse | None = None
 
 
 def ccache_volume_labels(spec: BuildSpec) -> dict[str, str]:
@@ -106,24 +110,35 @@ def run_stage(engine: Engine, stage: str, what: StageInputs, volume: str, on_tex
     """Run ``stage``'s command; with ``collect_to`` the one wheel it leaves in /out goes there."""
     spec = what.spec
     env = container_environment(spec, what.jobs, what.source_date_epoch)
+    volumes = {volume: CONTAINER_CCACHE}
+    tree_volume = build_tree.volume_name(spec, what.image_id, what.source_date_epoch) if what.keep_tree else None
     try:
         engine.ensure_volume(volume, ccache_volume_labels(spec))
+        if tree_volume:
+            engine.ensure_volume(tree_volume, build_tree.volume_labels(spec))
+            volumes[tree_volume] = CONTAINER_SRC
     except ContainerError as exc:
         raise WheelBuildError(f"{stage}: {exc}") from None
+    prepare = build_tree.PREPARE_SCRIPT if tree_volume else ""
     config = ContainerConfig(
-        image=what.image_id, command=("bash", "-c", TOOLCHAIN_SCRIPT + f"set -e\ncd {CONTAINER_SRC}\n"
+        image=what.image_id, command=("bash", "-c", TOOLCHAIN_SCRIPT + f"set -e\ncd {CONTAINER_SRC}\n" + prepare
                                       + STAGE_COMMANDS[stage] + "\n"),
         user=BUILD_USER, env=env, workdir=CONTAINER_SRC, cpus=min(what.jobs, engine.cpu_count()),
-        volumes={volume: CONTAINER_CCACHE},
+        volumes=volumes,
         labels={LABEL_BUILD: spec.build_id, LABEL_STAGE: stage, LABEL_WORK_DIR: str(what.work_dir)},
         name=f"patcher-{spec.build_id.replace('+', '_')}-{stage}-{uuid.uuid4().hex[:8]}")
     output = _OutputTail(on_text)
+    tree_use = None
     with tempfile.TemporaryDirectory(prefix=".source-", dir=what.work_dir) as temp:
         archive = Path(temp) / "source.tar"
-        source_archive(what.tree, what.inputs, what.source_date_epoch, archive)
         try:
             with Container(engine, config) as container:
                 try:
+                    if tree_volume:
+                        tree_use = _sync_kept_tree(container, what, tree_volume, archive)
+                        on_text(build_tree.describe(tree_use.sync) + "\n")
+                    else:
+                        source_archive(what.tree, what.inputs, what.source_date_epoch, archive)
                     with open(archive, "rb") as fh:
                         container.put_archive(CONTAINER_SRC, fh)
                     archive.unlink()
@@ -151,7 +166,30 @@ def run_stage(engine: Engine, stage: str, what: StageInputs, volume: str, on_tex
                                     hint=f"raise --timeout; log: {log_path}") from None
         except ContainerError as exc:
             raise WheelBuildError(f"{stage}: {exc}") from None
-    return StageOutcome(container_env=env, toolchain=toolchain, wheel=wheel)
+    record_use = tree_use.record if tree_use else None
+    return StageOutcome(container_env=env, toolchain=toolchain, wheel=wheel, build_tree=record_use)
+
+
+@dataclass(frozen=True)
+class _KeptTreeSync:
+    sync: build_tree.TreeSync
+    record: BuildTreeUse
+
+
+def _sync_kept_tree(container: Container, what: StageInputs, tree_volume: str, archive: Path) -> _KeptTreeSync:
+    """Write the archive of what changed since the tree in the volume was last synced; the
+    volume is marked dirty until the stage's script has taken the new manifest."""
+    current = build_tree.source_manifest(build_tree.tree_files(what.tree), what.inputs)
+    sync = build_tree.plan_sync(container.read_file(build_tree.manifest_path()), current)
+    # A new volume takes the fixed epoch like a fresh tree; files written into a tree that was
+    # built before must be newer than its outputs, or ninja would not rebuild from them.
+    mtime = what.source_date_epoch if sync.reason == "new build tree" else int(time.time())
+    source_archive(what.tree, what.inputs, mtime, archive, only=None if sync.everything else sync.write,
+                   extra_files={build_tree.MANIFEST_NAME + ".next": build_tree.manifest_bytes(current),
+                                build_tree.REMOVE_LIST_NAME: build_tree.remove_list_bytes(sync.remove)})
+    container.put_files(CONTAINER_SRC, {build_tree.MANIFEST_NAME: build_tree.DIRTY_MANIFEST})
+    return _KeptTreeSync(sync, BuildTreeUse(volume=tree_volume, reused=sync.reused, written=len(sync.write),
+                                            removed=len(sync.remove), reason=sync.reason))
 
 
 def _collect_wheel(container: Container, dest_dir: Path, work_dir: Path) -> WheelFile:

@@ -12,6 +12,7 @@ import io
 import os
 import re
 import tarfile
+from collections.abc import Collection
 from pathlib import Path
 
 from patcher.spec import BuildSpec
@@ -88,13 +89,19 @@ def parse_toolchain(text: str) -> dict[str, str]:
     return out
 
 
-def source_archive(tree: Path, inputs: list[tuple[str, bytes]], mtime: int, dest: Path) -> None:
+def source_archive(tree: Path, inputs: list[tuple[str, bytes]], mtime: int, dest: Path,
+                   only: Collection[str] | None = None, extra_files: dict[str, bytes] | None = None) -> None:
     """A tar of the tree for put_archive into /src: git-tracked files only (no .git, no build
-    outputs), plus the pinned inputs at their places; sorted, fixed mtime, owned by the builder."""
+    outputs), plus the pinned inputs at their places; sorted, fixed mtime, owned by the builder.
+    ``only``: just these paths (a kept build tree's changed files); ``extra_files`` go last."""
     from patcher.source import tracked_files
 
     entries = sorted(tracked_files(tree), key=lambda e: e[2].encode("utf-8", "surrogateescape"))
-    extra = dict(inputs)
+    wanted = None if only is None else set(only)
+    if wanted is not None:
+        entries = [e for e in entries if e[2] in wanted]
+    overridden = {path for path, _data in inputs}  # an input replaces a tracked file of that name
+    extra = {path: data for path, data in inputs if wanted is None or path in wanted}
     dirs: set[str] = set()
 
     def info(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
@@ -115,7 +122,7 @@ def source_archive(tree: Path, inputs: list[tuple[str, bytes]], mtime: int, dest
 
     with open(dest, "wb") as fh, tarfile.open(fileobj=fh, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for mode, _oid, path in entries:
-            if mode == 0o160000 or path in extra:
+            if mode == 0o160000 or path in overridden:
                 continue
             full = tree / path
             add_parents(tar, path)
@@ -127,6 +134,6 @@ def source_archive(tree: Path, inputs: list[tuple[str, bytes]], mtime: int, dest
                 ti = info(path, tarfile.REGTYPE, 0o755 if mode == 0o100755 else 0o644, full.stat().st_size)
                 with open(full, "rb") as data:
                     tar.addfile(ti, data)
-        for path, data in sorted(extra.items()):
+        for path, data in [*sorted(extra.items()), *(extra_files or {}).items()]:
             add_parents(tar, path)
             tar.addfile(info(path, tarfile.REGTYPE, 0o644, len(data)), io.BytesIO(data))

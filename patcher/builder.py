@@ -35,6 +35,7 @@ from patcher.progress import Progress
 from patcher.record import (
     AppliedPatch,
     BuildRecord,
+    BuildTreeUse,
     EvidenceFiles,
     PatchedState,
     PinnedInput,
@@ -76,6 +77,7 @@ class BuildOptions:
     probe_wheelhouse: str | None = None  # wheels of the wheel's dependencies (offline install)
     gpus: str = "auto"  # for the probe container: auto | all | none
     upstream_tests: bool = False  # run upstream's tests (the series' Upstream-Tests + smoke) in the probe stage
+    keep_build_tree: bool = False  # /src in the spec's build-tree volume: rebuilds compile only what changed
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,12 @@ class ImageOutcome:
 class ContainerOutcome:
     container_env: dict[str, str]
     toolchain: dict[str, str]
+    build_tree: BuildTreeUse | None = None
 
 
 @dataclass(frozen=True)
 class WheelOutcome(ContainerOutcome):
-    wheel: WheelFile
+    wheel: WheelFile | None = None
     reproducibility: Reproducibility | None = None
 
 
@@ -182,7 +185,7 @@ class Build:
         return StageInputs(spec=self.spec, image_id=self.record.image_id, tree=self.workdir.tree,
                            inputs=tree_inputs(self.spec.inputs, self.settings),
                            source_date_epoch=self.record.source_date_epoch, jobs=jobs, work_dir=self.dir,
-                           timeout=self.options.timeout)
+                           timeout=self.options.timeout, keep_tree=self.options.keep_build_tree)
 
     @property
     def ccache_volume(self) -> str:
@@ -294,7 +297,14 @@ def stage_image(b: Build) -> tuple[ImageOutcome, str]:
 
 def stage_configure(b: Build) -> tuple[ContainerOutcome, str]:
     done = run_stage(b.engine, "configure", b.stage_inputs(), b.ccache_volume, b.progress.log, b.workdir.log_path)
-    return ContainerOutcome(done.container_env, done.toolchain), ""
+    return ContainerOutcome(done.container_env, done.toolchain, done.build_tree), ""
+
+
+def _tree_use_of_build(before: BuildTreeUse | None, stage: BuildTreeUse | None) -> BuildTreeUse | None:
+    """The kept tree's use over the whole build: configure synced first, the wheel stage after it."""
+    if stage is None or before is None or before.volume != stage.volume:
+        return stage
+    return replace(before, written=before.written + stage.written, removed=before.removed + stage.removed)
 
 
 def stage_wheel(b: Build) -> tuple[WheelOutcome, str]:
@@ -302,18 +312,21 @@ def stage_wheel(b: Build) -> tuple[WheelOutcome, str]:
     if b.options.check_reproducible:
         from patcher import reproducible
 
-        twice = reproducible.build_twice(b.engine, what, ccache_volume_name(b.spec), b.workdir.dist, b.progress.log,
+        twice = reproducible.build_twice(b.engine, replace(what, keep_tree=False), ccache_volume_name(b.spec), b.workdir.dist, b.progress.log,
                                          b.workdir.log_path)
         b.record = replace(b.record, reproducibility=twice.reproducibility, wheel=None)
         twice.raise_if_different()
         done = twice.stage
-        outcome = WheelOutcome(done.container_env, done.toolchain, done.wheel, twice.reproducibility)
+        outcome = WheelOutcome(done.container_env, done.toolchain, wheel=done.wheel, reproducibility=twice.reproducibility)
         detail = f"reproducible: two builds gave sha256 {done.wheel.sha256[:16]}"
     else:
         done = run_stage(b.engine, "wheel", what, b.ccache_volume, b.progress.log, b.workdir.log_path,
                          collect_to=b.workdir.dist)
-        outcome = WheelOutcome(done.container_env, done.toolchain, done.wheel)
+        tree_use = _tree_use_of_build(b.record.build_tree, done.build_tree)
+        outcome = WheelOutcome(done.container_env, done.toolchain, tree_use, wheel=done.wheel)
         detail = f"{done.wheel.name} sha256 {done.wheel.sha256[:16]}"
+        if tree_use and tree_use.reused:
+            detail += f" (kept build tree: {tree_use.written} files changed)"
     _scan_builder_image(b, b.dir / done.wheel.path)
     return outcome, detail
 

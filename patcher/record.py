@@ -88,6 +88,18 @@ class Reproducibility:
 
 
 @dataclass(frozen=True)
+class BuildTreeUse:
+    """How the wheel stage used a kept build tree (``--keep-build-tree``): the volume, whether it
+    held an earlier build of the spec, and how many files the sync wrote and removed."""
+
+    volume: str
+    reused: bool
+    written: int
+    removed: int
+    reason: str = ""  # why every file was written, when the tree was not reused
+
+
+@dataclass(frozen=True)
 class UnprovenPatch:
     """A patch of the series whose probe checks did not run on this build, and why."""
 
@@ -144,6 +156,7 @@ class BuildRecord:
     toolchain: dict[str, str] = field(default_factory=dict)
     wheel: WheelFile | None = None
     reproducibility: Reproducibility | None = None
+    build_tree: BuildTreeUse | None = None
     # probe, certify
     probe_report: str | None = None
     unproven_patches: tuple[UnprovenPatch, ...] = ()
@@ -190,7 +203,8 @@ class BuildRecord:
                 src = _known(SourceManifest, values["source"])
                 src["submodules"] = tuple(Submodule(**_known(Submodule, s)) for s in src.get("submodules", ()))
                 values["source"] = SourceManifest(**src)
-            for name, kind in (("wheel", WheelFile), ("patched_tree", PatchedState), ("evidence", EvidenceFiles)):
+            for name, kind in (("wheel", WheelFile), ("patched_tree", PatchedState), ("evidence", EvidenceFiles),
+                               ("build_tree", BuildTreeUse)):
                 if values.get(name) is not None:
                     values[name] = kind(**_known(kind, values[name]))
             if values.get("reproducibility") is not None:

@@ -31,6 +31,10 @@ from patcher.cli.common import echo_json, load_settings
                    "a difference writes a diffoscope report and fails.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=DEFAULT_TIMEOUT, show_default=True,
               help="Seconds one container stage (configure, wheel) may run.")
+@click.option("--keep-build-tree", is_flag=True,
+              help="Keep the build tree (CMake and ninja state) in a Docker volume named after the spec and the "
+                   "builder image, and write into it only the files that changed: a rebuild after one patch "
+                   "changes recompiles only the units it touches.")
 @click.option("--ccache-volume", help="Docker volume for ccache (default: patcher-ccache-<torch>-<cuda>).")
 @click.option("--probe-image", help="Image to probe the wheel in (default: the builder image).")
 @click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
@@ -42,7 +46,7 @@ from patcher.cli.common import echo_json, load_settings
               help="Folder of wheels the wheel's dependencies are installed from when probing (offline).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir, docker_host, git_mirror, until,
-                  resume, fresh, check_reproducible, timeout, ccache_volume, probe_image, gpus, upstream_tests,
+                  resume, fresh, check_reproducible, keep_build_tree, timeout, ccache_volume, probe_image, gpus, upstream_tests,
                   probe_wheelhouse, as_json) -> None:
     """Build a wheel: resolve, fetch, patch, render, image, configure, wheel, probe, certify.
 
@@ -52,11 +56,15 @@ def build_command(torch_version, cuda, python_version, arch, gcc, jobs, work_dir
     """
     if resume and fresh:
         raise click.UsageError("--resume and --fresh exclude each other")
+    if keep_build_tree and check_reproducible:
+        raise click.UsageError("--keep-build-tree and --check-reproducible exclude each other "
+                               "(the reproducibility check builds twice from fresh trees)")
     settings = load_settings(work_dir=work_dir, docker_host=docker_host, git_mirror=git_mirror)
     options = BuildOptions(torch=torch_version, cuda=cuda, python=python_version, arch=arch, gcc=gcc, jobs=jobs,
                            until=until, resume=resume, fresh=fresh, check_reproducible=check_reproducible,
                            timeout=timeout, ccache_volume=ccache_volume, probe_image=probe_image,
-                           probe_wheelhouse=probe_wheelhouse, gpus=gpus, upstream_tests=upstream_tests)
+                           probe_wheelhouse=probe_wheelhouse, gpus=gpus, upstream_tests=upstream_tests,
+                           keep_build_tree=keep_build_tree)
     result = build(settings, options)
     if as_json:
         echo_json({"build_id": result.build_id, "work_dir": str(result.work_dir), "record": str(result.record),

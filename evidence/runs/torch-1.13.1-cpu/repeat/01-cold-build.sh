@@ -1,5 +1,5 @@
 #!/bin/bash
-# The cold build: an empty ccache volume, every stage from resolve to certify.  The probe stage
+# The cold build (upstream's own tests of the series run in the probe stage): an empty ccache volume, every stage from resolve to certify.  The probe stage
 # installs the wheel offline into a venv in the runtime image (with the wheelhouse for its
 # dependency) and requires every check that proves a patch of the series; certify signs with
 # $PATCHER_KEY_PATH.  About 100 minutes of compile on 2 cores.
@@ -10,7 +10,7 @@ if [ -e "$STATE/work-cold" ]; then echo "$STATE/work-cold exists: remove it for 
 docker volume rm "$VOLUME" >/dev/null 2>&1 || true   # cold: this run's own ccache volume starts empty
 
 command=("$PATCHER" build --torch 1.13.1 --cuda none --work "$STATE/work-cold" --jobs 2 \
-         --ccache-volume "$VOLUME" --probe-image "$RUNTIME_IMAGE" --probe-wheelhouse "$STATE/wheelhouse")
+         --ccache-volume "$VOLUME" --probe-image "$RUNTIME_IMAGE" --probe-wheelhouse "$STATE/wheelhouse" --upstream-tests)
 echo "${command[*]}" > "$STATE/cold-command.txt"
 "${command[@]}" 2>&1 | tee "$RUN_DIR/steps/01-cold-build.txt"
 
