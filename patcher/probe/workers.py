@@ -40,6 +40,9 @@ import traceback
 from . import framework
 
 ISOLATION_ENV = "PATCHER_PROBE_ISOLATION"   # "spawn": no server (the way before it)
+# At most this many checks of one module per worker (0: a module's checks share one worker):
+# a long module, such as the determinism checks on a GPU, is the run's critical path.
+GROUP_SIZE_ENV = "PATCHER_PROBE_GROUP_SIZE"
 GRACE = 10.0        # seconds past an in-process time limit before the server kills the worker
 POLL = 0.02         # the server's loop period (child reaping, time limits)
 STDERR_TAIL = 4000  # bytes of a worker's stderr kept for the report of its death
@@ -69,8 +72,26 @@ def plan(specs, ctx):
                 by_module[spec.module] = []
                 groups.append(by_module[spec.module])
             by_module[spec.module].append(spec)
+    groups = split_groups(groups, group_size())
     away = set(s.id for group in groups for s in group)
     return set(s.id for s in specs if s.id not in away), groups
+
+
+def group_size():
+    try:
+        return max(0, int(os.environ.get(GROUP_SIZE_ENV, "0")))
+    except ValueError:
+        return 0
+
+
+def split_groups(groups, size):
+    """Each group cut into consecutive runs of at most ``size`` checks (order kept)."""
+    if size <= 0:
+        return groups
+    out = []
+    for group in groups:
+        out.extend(group[i:i + size] for i in range(0, len(group), size))
+    return out
 
 
 def wants_workers(specs):
