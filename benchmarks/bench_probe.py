@@ -72,11 +72,13 @@ def measure(torch):
     return info
 
 
-def _suite_once(python, mode, report_path):
+def _suite_once(python, mode, report_path, group_size=None):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
     env.pop("PATCHER_PROBE_ISOLATION", None)
     if mode == "spawn":
         env["PATCHER_PROBE_ISOLATION"] = "spawn"
+    if group_size is not None:
+        env["PATCHER_PROBE_GROUP_SIZE"] = str(group_size)
     start = time.perf_counter()
     proc = subprocess.run([python, "-m", "patcher.probe", "--quiet", "--json", report_path], cwd=REPO_ROOT,
                           env=env, capture_output=True, timeout=900)
@@ -106,6 +108,44 @@ def suite(python=None, rounds=SUITE_ROUNDS, reports_dir=None, progress=None):
                 inside[mode].append(report["duration_s"])
                 last[mode] = (code, report)
                 result.update(_suite_summary(walls, inside, last))
+                if progress is not None:
+                    progress(result)
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def group_sizes(sizes, rounds=SUITE_ROUNDS, python=None, progress=None):
+    """The suite with workers, a module's checks cut into runs of N per worker (0: whole
+    modules), the sizes alternating round by round; every report must agree with the first."""
+    import tempfile
+
+    python = python or sys.executable
+    work = tempfile.mkdtemp(prefix="bench-probe-groups-")
+    walls = dict((n, []) for n in sizes)
+    reports = {}
+    result = {"benchmark": "probe suite with workers: checks per worker (PATCHER_PROBE_GROUP_SIZE)",
+              "python": python, "rounds": rounds, "sizes": list(sizes)}
+    try:
+        for _ in range(rounds):
+            for n in sizes:
+                seconds, code, report = _suite_once(python, "workers", os.path.join(work, f"g{n}.json"), n)
+                walls[n].append(round(seconds, 3))
+                reports[n] = (code, report)
+                result["wall_s"] = dict((str(k), v) for k, v in walls.items())
+                result["wall_median_s"] = dict((str(k), round(statistics.median(v), 3))
+                                               for k, v in walls.items() if v)
+                first = reports[sizes[0]][1]
+
+                def key(c):
+                    return (c["id"], c["status"], c["message"], c["required"])
+
+                result["reports_agree"] = all([key(c) for c in r["checks"]] == [key(c) for c in first["checks"]]
+                                              for _, r in reports.values())
+                result["exit_codes"] = dict((str(k), v[0]) for k, v in reports.items())
+                result["checks"] = len(first["checks"])
                 if progress is not None:
                     progress(result)
     finally:
@@ -162,6 +202,7 @@ def main(argv):
     parser.add_argument("--suite-only", action="store_true")
     parser.add_argument("--rounds", type=int, default=SUITE_ROUNDS)
     parser.add_argument("--reports", help="keep each mode's last probe report here")
+    parser.add_argument("--group-sizes", help="only compare checks per worker, e.g. 0,4,8 (PATCHER_PROBE_GROUP_SIZE)")
     args = parser.parse_args(argv)
     sys.path.insert(0, REPO_ROOT)
 
@@ -178,6 +219,15 @@ def main(argv):
         result["suite"] = partial
         write(result)
 
+    if args.group_sizes:
+        def grouped_progress(partial):
+            result["group_sizes"] = partial
+            write(result)
+
+        sizes = [int(n) for n in args.group_sizes.split(",")]
+        result["group_sizes"] = group_sizes(sizes, rounds=args.rounds, progress=grouped_progress)
+        sys.stdout.write(write(result))
+        return 0
     result["suite"] = suite(rounds=args.rounds, reports_dir=args.reports, progress=progress)
     if not args.suite_only:
         import torch
