@@ -53,6 +53,12 @@ SERIES_UNITS = {
     "torch/csrc/jit/serialization/onnx.cpp": "c++",
     "torch/csrc/jit/passes/onnx/shape_type_inference.cpp": "c++",
     "torch/csrc/jit/python/pybind_utils.cpp": "c++",  # PT-0108
+    # PT-0212 .. PT-0215 (issue 18: NLLLoss forward, EmbeddingBag max backward, put_; PT-0213 is in LossCTC.cu)
+    "aten/src/ATen/native/cuda/Loss.cu": "cuda",
+    "aten/src/ATen/native/cuda/NLLLoss2d.cu": "cuda",
+    "aten/src/ATen/native/cuda/EmbeddingBag.cu": "cuda",
+    "aten/src/ATen/native/TensorAdvancedIndexing.cpp": "c++",
+    "aten/src/ATen/native/cuda/IndexKernel.cu": "cuda",
 }
 # PT-0903 and PT-0905 touch only a header each; the check compiles a unit that includes it.
 HEADER_UNITS = {
@@ -77,7 +83,7 @@ def test_units_of_the_1_13_1_series_are_its_cpp_and_cu_files():
     units, others = cc.units_of_series(series)
     assert {u.path: ("cuda" if u.is_cuda else "c++") for u in units} == SERIES_UNITS
     by_path = {u.path: u.patches for u in units}
-    assert by_path["aten/src/ATen/native/cuda/LossCTC.cu"] == ("PT-0102",)
+    assert by_path["aten/src/ATen/native/cuda/LossCTC.cu"] == ("PT-0102", "PT-0213")
     assert by_path["torch/csrc/jit/mobile/interpreter.cpp"] == ("PT-0105",)
     reasons = {o["path"]: o["reason"] for o in others}
     assert reasons["torch/jit/annotations.py"] == "not a translation unit"

@@ -197,6 +197,33 @@ def op_embedding_bag_max(torch, device):
     return _grads_of(torch, out, [weight], 29)
 
 
+def op_nll_loss(torch, device):
+    # 1-D nll_loss (a row of class scores per sample), class-weighted mean
+    logits = _randn(torch, (4096, 100), 61, device, True)
+    target = torch.randint(0, 100, (4096,), generator=_generator(torch, 62)).to(device)
+    weight = torch.rand(100, generator=_generator(torch, 63)).to(device)
+    loss = torch.nn.functional.nll_loss(torch.nn.functional.log_softmax(logits, 1), target, weight=weight)
+    loss.backward()
+    return [loss.detach(), logits.grad]
+
+
+def _put_inputs(torch, device):
+    # 2^18 values onto 2^10 of 2^16 elements: every touched element receives many
+    index = torch.randint(0, 1 << 10, (1 << 18,), generator=_generator(torch, 64)).to(device)
+    source = torch.randn(1 << 18, generator=_generator(torch, 65)).to(device)
+    return torch.zeros(1 << 16, device=device), index, source
+
+
+def op_put_accumulate(torch, device):
+    self, index, source = _put_inputs(torch, device)
+    return [self.put_(index, source, accumulate=True)]
+
+
+def op_put(torch, device):
+    self, index, source = _put_inputs(torch, device)
+    return [self.put_(index, source, accumulate=False)]
+
+
 def op_histc(torch, device):
     x = _randn(torch, (1 << 20,), 30, device)
     return [torch.histc(x, bins=97, min=-3, max=3)]
@@ -236,9 +263,12 @@ OPERATIONS = (
     ("fractional_max_pool3d", op_fractional_max_pool3d, "backward", ("PT-0210",)),
     ("max_unpool2d", op_max_unpool2d, "forward", ("PT-0211",)),
     ("max_unpool3d", op_max_unpool3d, "forward", ("PT-0211",)),
-    ("nll_loss2d", op_nll_loss2d, "forward", ()),
-    ("ctc_loss", op_ctc_loss, "backward", ()),
-    ("embedding_bag_max", op_embedding_bag_max, "backward", ()),
+    ("nll_loss2d", op_nll_loss2d, "forward", ("PT-0212",)),
+    ("nll_loss", op_nll_loss, "forward", ("PT-0212",)),
+    ("ctc_loss", op_ctc_loss, "backward", ("PT-0213",)),
+    ("embedding_bag_max", op_embedding_bag_max, "backward", ("PT-0214",)),
+    ("put_accumulate", op_put_accumulate, "forward", ("PT-0215",)),
+    ("put", op_put, "forward", ("PT-0215",)),
     ("histc", op_histc, "forward", ()),
     ("bincount", op_bincount, "forward", ()),
     ("cumsum", op_cumsum, "forward", ()),
