@@ -59,6 +59,12 @@ SERIES_UNITS = {
     "aten/src/ATen/native/cuda/EmbeddingBag.cu": "cuda",
     "aten/src/ATen/native/TensorAdvancedIndexing.cpp": "c++",
     "aten/src/ATen/native/cuda/IndexKernel.cu": "cuda",
+    # PT-0217 .. PT-0221 (issue 18: histc, bincount, kthvalue, median with indices, cumsum)
+    "aten/src/ATen/native/cuda/SummaryOps.cu": "cuda",
+    "aten/src/ATen/native/cuda/Sorting.cu": "cuda",
+    "aten/src/ATen/native/cuda/Sorting.cpp": "c++",
+    "aten/src/ATen/native/cuda/CumsumKernel.cu": "cuda",
+    "aten/src/ATen/native/cuda/ScanKernels.cpp": "c++",
 }
 # PT-0903 and PT-0905 touch only a header each; the check compiles a unit that includes it.
 HEADER_UNITS = {

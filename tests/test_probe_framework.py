@@ -33,6 +33,8 @@ EXPECTED_IDS = {
     "determinism.fractional_max_pool3d", "determinism.max_unpool3d",
     "determinism.nll_loss2d", "determinism.ctc_loss", "determinism.embedding_bag_max", "determinism.histc",
     "determinism.bincount", "determinism.cumsum",
+    "determinism.bincount_unweighted", "determinism.kthvalue", "determinism.median_indices",
+    "determinism.cumsum_complex",
     "security.cve_2022_45907", "security.cve_2022_45907_bypass", "security.cve_2025_3730",
     "security.cve_2025_2953", "security.cve_2024_31580", "security.cve_2024_31583",
     "security.cve_2025_32434", "security.cve_2026_24747", "security.cve_2025_2148",

@@ -240,6 +240,32 @@ def op_cumsum(torch, device):
     return [torch.cumsum(x, 0)]
 
 
+def op_bincount_unweighted(torch, device):
+    values = torch.randint(0, 100, (1 << 20,), generator=_generator(torch, 57)).to(device)
+    return [torch.bincount(values, minlength=100)]
+
+
+def _tied(torch, shape, seed, device):
+    # few distinct values: which of the equal elements supplies the index is the question
+    return torch.randint(0, 4, shape, generator=_generator(torch, seed)).to(device).float()
+
+
+def op_kthvalue(torch, device):
+    values, indices = torch.kthvalue(_tied(torch, (256, 1024), 58, device), 300, 1)
+    return [values, indices]
+
+
+def op_median_indices(torch, device):
+    x = _tied(torch, (256, 1024), 59, device)
+    values, indices = torch.median(x, 1)
+    return [values, indices]
+
+
+def op_cumsum_complex(torch, device):
+    x = _randn(torch, (1 << 19, 2), 60, device)
+    return [torch.cumsum(torch.complex(x[:, 0], x[:, 1]), 0)]
+
+
 # id suffix -> (operation, phase the gap is in, patches that close it)
 OPERATIONS = (
     ("adaptive_max_pool2d", op_adaptive_max_pool2d, "backward", ("PT-0201",)),
@@ -269,15 +295,19 @@ OPERATIONS = (
     ("embedding_bag_max", op_embedding_bag_max, "backward", ("PT-0214",)),
     ("put_accumulate", op_put_accumulate, "forward", ("PT-0215",)),
     ("put", op_put, "forward", ("PT-0215",)),
-    ("histc", op_histc, "forward", ()),
-    ("bincount", op_bincount, "forward", ()),
-    ("cumsum", op_cumsum, "forward", ()),
+    ("histc", op_histc, "forward", ("PT-0217",)),
+    ("bincount", op_bincount, "forward", ("PT-0218",)),
+    ("bincount_unweighted", op_bincount_unweighted, "forward", ("PT-0218",)),
+    ("kthvalue", op_kthvalue, "forward", ("PT-0219",)),
+    ("median_indices", op_median_indices, "forward", ("PT-0220",)),
+    ("cumsum", op_cumsum, "forward", ("PT-0221",)),
+    ("cumsum_complex", op_cumsum_complex, "forward", ("PT-0221",)),
 )
 
 
 # torch ranges narrower than ">=1.4": F.pad(mode="reflect") on 5-D input (reflection_pad3d)
-# first exists in 1.10.
-TORCH_RANGES = {"reflection_pad3d": ">=1.10"}
+# first exists in 1.10; torch.complex (cumsum_complex) in 1.8.
+TORCH_RANGES = {"reflection_pad3d": ">=1.10", "cumsum_complex": ">=1.8"}
 
 
 # --- the deterministic flag across releases --------------------------------------------------
