@@ -32,6 +32,7 @@ EXPECTED_IDS = {
     "determinism.interpolate_bicubic", "determinism.interpolate_trilinear", "determinism.max_pool3d",
     "determinism.fractional_max_pool3d", "determinism.max_unpool3d",
     "determinism.nll_loss2d", "determinism.ctc_loss", "determinism.embedding_bag_max", "determinism.histc",
+    "determinism.nll_loss", "determinism.put_accumulate", "determinism.put",
     "determinism.bincount", "determinism.cumsum",
     "determinism.bincount_unweighted", "determinism.kthvalue", "determinism.median_indices",
     "determinism.cumsum_complex",
