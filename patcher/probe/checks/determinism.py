@@ -266,6 +266,19 @@ def op_cumsum_complex(torch, device):
     return [torch.cumsum(torch.complex(x[:, 0], x[:, 1]), 0)]
 
 
+def op_scatter_reduce_prod(torch, device):
+    # a product of many values per target: its rounding depends on the order
+    src = 1 + 0.01 * _randn(torch, (1 << 16, 8), 61, device)
+    index = torch.randint(0, 64, (1 << 16, 8), generator=_generator(torch, 62)).to(device)
+    return [torch.ones(64, 8, device=device).scatter_reduce_(0, index, src, "prod")]
+
+
+def op_index_reduce_prod(torch, device):
+    src = 1 + 0.01 * _randn(torch, (1 << 16, 8), 63, device)
+    index = torch.randint(0, 64, (1 << 16,), generator=_generator(torch, 64)).to(device)
+    return [torch.ones(64, 8, device=device).index_reduce_(0, index, src, "prod")]
+
+
 # id suffix -> (operation, phase the gap is in, patches that close it)
 OPERATIONS = (
     ("adaptive_max_pool2d", op_adaptive_max_pool2d, "backward", ("PT-0201",)),
@@ -302,12 +315,16 @@ OPERATIONS = (
     ("median_indices", op_median_indices, "forward", ("PT-0220",)),
     ("cumsum", op_cumsum, "forward", ("PT-0221",)),
     ("cumsum_complex", op_cumsum_complex, "forward", ("PT-0221",)),
+    ("scatter_reduce_prod", op_scatter_reduce_prod, "forward", ()),
+    ("index_reduce_prod", op_index_reduce_prod, "forward", ()),
 )
 
 
 # torch ranges narrower than ">=1.4": F.pad(mode="reflect") on 5-D input (reflection_pad3d)
-# first exists in 1.10; torch.complex (cumsum_complex) in 1.8.
-TORCH_RANGES = {"reflection_pad3d": ">=1.10", "cumsum_complex": ">=1.8"}
+# first exists in 1.10; torch.complex (cumsum_complex) in 1.8; scatter_reduce_ and index_reduce_
+# with reduce="prod" are both in 1.13.
+TORCH_RANGES = {"reflection_pad3d": ">=1.10", "cumsum_complex": ">=1.8", "scatter_reduce_prod": ">=1.13",
+                "index_reduce_prod": ">=1.13"}
 
 
 # --- the deterministic flag across releases --------------------------------------------------
