@@ -49,9 +49,14 @@ def main():
 
     registration = {"extensions": {}}
     for name in EXTENSIONS:
-        module = importlib.import_module(name)
-        ext, seconds = module.build()
-        registered = ext.register_aten_cuda()
+        try:  # one extension that fails to build must not hide what the others register
+            module = importlib.import_module(name)
+            ext, seconds = module.build()
+            registered = ext.register_aten_cuda()
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON, the run goes on
+            registration["extensions"][name] = {"error": "%s: %s" % (type(exc).__name__, str(exc)[-2000:])}
+            print("%s: FAILED %s" % (name, exc), flush=True)
+            continue
         registration["extensions"][name] = {"build_s": round(seconds, 1), "registered": registered}
         print("%s: built in %.1f s, registered %s" % (name, seconds, registered), flush=True)
     ids = determinism_patch_ids()
