@@ -53,12 +53,12 @@ def main():
             module = importlib.import_module(name)
             ext, seconds = module.build()
             registered = ext.register_aten_cuda()
-        except Exception as exc:  # noqa: BLE001 - reported in the JSON, the run goes on
-            registration["extensions"][name] = {"error": "%s: %s" % (type(exc).__name__, str(exc)[-2000:])}
-            print("%s: FAILED %s" % (name, exc), flush=True)
+        except Exception as exc:  # reported in the JSON; the run goes on
+            registration["extensions"][name] = {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+            print(f"{name}: FAILED {exc}", flush=True)
             continue
         registration["extensions"][name] = {"build_s": round(seconds, 1), "registered": registered}
-        print("%s: built in %.1f s, registered %s" % (name, seconds, registered), flush=True)
+        print(f"{name}: built in {seconds:.1f} s, registered {registered}", flush=True)
     ids = determinism_patch_ids()
     registration["patched_ids"] = ids
     os.environ["PATCHER_PROBE_ISOLATION"] = "spawn"
