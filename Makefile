@@ -19,6 +19,7 @@ $(BIN)/patcher: pyproject.toml
 host:
 	bash .ci/install-host.sh
 	bash .ci/fetch-sources.sh
+	bash .ci/fetch-legacy-wheels.sh
 
 test: host install
 	$(BIN)/pytest $(PYTEST_ARGS)

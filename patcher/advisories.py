@@ -5,7 +5,9 @@ optional site file that adds advisories or overrides assessments.  :func:`load` 
 validates both; :func:`assess` turns them, a build's flags, its patch series and (when there
 is one) its probe report into one :class:`Finding` per advisory; :func:`check_tree` checks the
 claims that rest on source (``code_not_present``, ``requires_configuration``) against a real
-tree.  Nothing here guesses: a release without an assessment is ``in_triage``.
+tree, or against the files of a release's wheel (an assessment's ``wheel``: PyPI's wheel, where no
+tree of the release is reachable).  Nothing here guesses: a release without an assessment is
+``in_triage``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
+import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +39,7 @@ OFF_VALUES = {"0", "off", "false", "no"}
 _ADVISORY_KEYS = {"id", "aliases", "title", "summary", "component", "published", "withdrawn", "cvss", "ranges",
                   "fixes", "references", "records", "unread", "assess"}
 _ASSESS_KEYS = {"state", "detail", "patch", "probes", "justification", "requires", "guards", "present", "absent",
-                "absent_text", "otherwise_state", "otherwise_detail", "by"}
+                "absent_text", "otherwise_state", "otherwise_detail", "by", "wheel"}
 _CVSS_RE = re.compile(r"^CVSS:(3\.1|3\.0|4\.0)/[A-Z]+:[A-Z]")
 _VERSION_RE = re.compile(r"^\d+(\.\d+)*")
 
@@ -72,6 +75,7 @@ class Assessment:
     otherwise_state: str | None = None
     otherwise_detail: str = ""
     origin: str = "patcher"
+    wheel: Mapping[str, str] | None = None   # {file, sha256}: the claims were checked in this wheel's files
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,23 @@ def _tables(value: Any, where: str, name: str, keys: set[str]) -> tuple[dict[str
     return tuple(value)
 
 
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _wheel_source(value: Any, where: str) -> dict[str, str] | None:
+    """``wheel = {file, sha256}``: the wheel whose files back a code_not_present claim."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"file", "sha256"}:
+        raise AdvisoryDataError(f"{where}: wheel must be a table of file and sha256")
+    name, digest = value["file"], value["sha256"]
+    if not isinstance(name, str) or not name.endswith(".whl") or "/" in name:
+        raise AdvisoryDataError(f"{where}: wheel.file must be a wheel's file name")
+    if not isinstance(digest, str) or not _SHA256_RE.match(digest):
+        raise AdvisoryDataError(f"{where}: wheel.sha256 must be 64 lowercase hex digits")
+    return {"file": name, "sha256": digest}
+
+
 def parse_assessment(raw: Any, where: str, release: str, origin: str) -> Assessment:
     if not isinstance(raw, dict):
         raise AdvisoryDataError(f"{where}: the assessment must be a table")
@@ -171,7 +192,7 @@ def parse_assessment(raw: Any, where: str, release: str, origin: str) -> Assessm
         present=_strs(raw.get("present"), where, "present"), absent=_strs(raw.get("absent"), where, "absent"),
         absent_text=_tables(raw.get("absent_text"), where, "absent_text", {"file", "text"}),
         otherwise_state=raw.get("otherwise_state"), otherwise_detail=raw.get("otherwise_detail", ""),
-        origin=origin)
+        origin=origin, wheel=_wheel_source(raw.get("wheel"), where))
     if origin != "patcher" and not raw.get("by"):
         raise AdvisoryDataError(f"{where}: a site's assessment must say who made it (by = ...)")
     if state == "resolved" and (not a.patch or not a.probes):
@@ -194,6 +215,8 @@ def parse_assessment(raw: Any, where: str, release: str, origin: str) -> Assessm
                 raise AdvisoryDataError(f"{where}: requires_configuration needs otherwise_detail")
     elif a.justification:
         raise AdvisoryDataError(f"{where}: a justification belongs to a not_affected assessment only")
+    if a.wheel is not None and a.justification != "code_not_present":
+        raise AdvisoryDataError(f"{where}: wheel backs code_not_present claims only")
     return a
 
 
@@ -415,7 +438,11 @@ def _apply(adv: Advisory, a: Assessment, flags: Mapping[str, str], carried: set[
             detail = a.detail + (f"; {', '.join(skipped)}" if skipped else "")
             return Finding(adv, "resolved", detail, patch=a.patch, probes=a.probes, **base)
         return Finding(adv, "resolved", a.detail, patch=a.patch, probes=a.probes, **base)
-    return Finding(adv, a.state, a.detail, justification=a.justification, **base)
+    detail = a.detail
+    if a.wheel is not None:
+        # the evidence says where it was checked: no tree of this release, the published wheel's files
+        detail += f" (checked against the files of the wheel {a.wheel['file']}, sha256 {a.wheel['sha256']})"
+    return Finding(adv, a.state, detail, justification=a.justification, probes=a.probes, **base)
 
 
 def counts(findings: Iterable[Finding]) -> dict[str, int]:
@@ -455,11 +482,57 @@ def _inside_guard(lines: list[str], condition: str, target: str) -> tuple[bool, 
     return False, f"no line holds {target!r}"
 
 
+class _TreeFiles:
+    """A source tree's files, by path relative to its root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def text(self, rel: str) -> str | None:
+        path = self.root / rel
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+
+
+class _WheelFiles:
+    """A wheel's files, by path relative to site-packages: the same paths as a tree's for the
+    Python package (``torch/serialization.py``)."""
+
+    def __init__(self, wheel: Path) -> None:
+        self.name = wheel.name
+        try:
+            with wheel.open("rb") as fh:
+                digest = hashlib.sha256()
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            self.sha256 = digest.hexdigest()
+            self.zip = zipfile.ZipFile(wheel)
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise AdvisoryClaimError(f"wheel {wheel} cannot be read as a zip archive: {exc}") from None
+        self.files = set(self.zip.namelist())
+        self.dirs = {name.rsplit("/", i)[0] for name in self.files for i in range(1, name.count("/") + 1)}
+
+    def exists(self, rel: str) -> bool:
+        rel = rel.rstrip("/")
+        return rel in self.files or rel in self.dirs
+
+    def text(self, rel: str) -> str | None:
+        if rel not in self.files:
+            return None
+        return self.zip.read(rel).decode("utf-8", errors="replace")
+
+
 def check_tree(data: AdvisoryData, torch: str, tree: Path) -> list[ClaimResult]:
-    """Check every source-based claim of ``torch``'s assessments against the tree at ``tree``."""
+    """Check every source-based claim of ``torch``'s assessments against the tree at ``tree``,
+    or against the files of the wheel ``tree`` (a ``.whl`` file).  An assessment that names the
+    wheel it was established on is checked only against that wheel (same name and sha256)."""
     tree = Path(tree)
-    if not tree.is_dir():
-        raise AdvisoryClaimError(f"no source tree at {tree}")
+    wheel = tree.suffix == ".whl" and tree.is_file()
+    if not wheel and not tree.is_dir():
+        raise AdvisoryClaimError(f"no source tree or wheel at {tree}")
+    files: _TreeFiles | _WheelFiles = _WheelFiles(tree) if wheel else _TreeFiles(tree)
     results = []
     for adv in data.advisories:
         a = adv.assess.get(torch)
@@ -469,22 +542,26 @@ def check_tree(data: AdvisoryData, torch: str, tree: Path) -> list[ClaimResult]:
         def add(claim: str, ok: bool, why: str, _adv: Advisory = adv) -> None:
             results.append(ClaimResult(_adv.id, torch, claim, ok, why))
 
+        if a.wheel is not None:
+            source = (files.name, files.sha256) if isinstance(files, _WheelFiles) else None
+            if source != (a.wheel["file"], a.wheel["sha256"]):
+                add(f"checked in {a.wheel['file']} sha256 {a.wheel['sha256']}", False,
+                    f"this is {source[0]} sha256 {source[1]}" if source else "this is a tree, not that wheel")
+                continue
         for rel in a.absent:
-            add(f"absent {rel}", not (tree / rel).exists(), "absent" if not (tree / rel).exists() else "present")
+            add(f"absent {rel}", not files.exists(rel), "absent" if not files.exists(rel) else "present")
         for item in a.absent_text:
-            path = tree / item["file"]
-            text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else None
+            text = files.text(item["file"])
             ok = text is not None and item["text"] not in text
             add(f"{item['file']} lacks {item['text']!r}", ok,
                 "no such file" if text is None else ("not found" if ok else "found"))
         for rel in a.present:
-            add(f"present {rel}", (tree / rel).exists(), "present" if (tree / rel).exists() else "absent")
+            add(f"present {rel}", files.exists(rel), "present" if files.exists(rel) else "absent")
         for guard in a.guards:
-            path = tree / guard["file"]
-            if not path.is_file():
+            text = files.text(guard["file"])
+            if text is None:
                 add(f"{guard['file']}: {guard['line']!r} inside {guard['condition']}", False, "no such file")
                 continue
-            ok, why = _inside_guard(path.read_text(encoding="utf-8", errors="replace").splitlines(),
-                                    guard["condition"], guard["line"])
+            ok, why = _inside_guard(text.splitlines(), guard["condition"], guard["line"])
             add(f"{guard['file']}: {guard['line']!r} inside {guard['condition']}", ok, why)
     return results

@@ -318,6 +318,12 @@ def _run_malformed_bytecode(ctx, opcode, operand, what):
             else:
                 result = module(3)
         except RuntimeError as exc:
+            if "bad_function_call" in str(exc):
+                # not a refusal: an empty operator slot read past the table was called (seen on
+                # PyPI's torch 1.8.1, where the same trigger otherwise dies of SIGSEGV)
+                details["result"] = "failed at %s: %s" % (stage, _first_line(exc))
+                raise Finding("the mobile interpreter used the %s operand without checking it (%s)"
+                              % (opcode, what), details) from None
             # a torch check (c10::Error) refused the bytecode: the clean outcome
             details["result"] = "refused at %s: %s" % (stage, _first_line(exc))
             return details
@@ -565,7 +571,12 @@ def cve_2025_2148(ctx):
     if futures is None:
         raise Skip("this torch has no torch.futures")
     # control: a real Future goes through, and its value comes back once it completes
-    handle = torch.ops.profiler._record_function_enter("patcher_probe", None)
+    enter = torch.ops.profiler._record_function_enter
+    try:
+        handle = enter("patcher_probe", None)
+    except RuntimeError:
+        # 1.8 declares _record_function_enter(str name), without the later optional args
+        handle = enter("patcher_probe")
     fut = futures.Future()
     out = op(handle, fut)
     fut.set_result(5)
