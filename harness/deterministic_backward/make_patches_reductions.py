@@ -423,7 +423,7 @@ kernel stays.
                    "        should_alert = torch.device(device).type == 'cuda' and (dtype.is_floating_point or dtype.is_complex)\n",
                    "        should_alert = False  # deterministic kernel under the flag (patcher PT-0221)\n")},
         bug=ISSUES + "75240", probe="determinism.cumsum, determinism.cumsum_complex", alert_test="cumsum",
-        tests='test_reductions.py -k "cumsum", test_torch.py -k "cumsum"',
+        tests='test_reductions.py -k "cumsum", test_torch.py -k "test_cumsum or nondeterministic_alert_cumsum"',
         body="""\
 cumsum of a 1-D floating or complex CUDA tensor goes through a
 decoupled look-back scan whose association depends on which tiles have
