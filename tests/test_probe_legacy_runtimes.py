@@ -7,7 +7,9 @@ is missing fails, it never skips.  One line per runtime goes to the CI log."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -175,3 +177,13 @@ def test_the_exploitable_assessments_are_found(legacy_run):
             continue
         for check_id in a.probes:
             assert found[check_id]["status"] == "fail", f"{adv.id} on {version}: {check_id} {found[check_id]}"
+
+
+def test_a_missing_interpreter_fails_the_fetch_loudly(tmp_path):
+    """No pyenv CPython 3.6: the script stops with one line, before it asks any index for anything."""
+    script = Path(__file__).resolve().parent.parent / ".ci" / "fetch-legacy-wheels.sh"
+    env = dict(os.environ, PYENV_ROOT=str(tmp_path / "no-pyenv"), PATCHER_CI_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr == f"ci: no CPython 3.6 under {tmp_path / 'no-pyenv'}/versions (the legacy runtimes need pyenv's builds)\n"
+    assert list((tmp_path / "cache" / "legacy-torch" / "wheels").iterdir()) == []
