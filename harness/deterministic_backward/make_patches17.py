@@ -502,6 +502,9 @@ def trailers(pid, bug, fix, probe, tests):
 
 
 COMMON_TAIL = """\
+Gathers accumulate fp32 in double (each term formed in float as the
+forward and the atomic kernel do; one rounding at the store).
+
 The kernel text comes unchanged from harness/deterministic_backward
 (det_accumulate.cuh, det_kernels17.cuh) in the patcher repository, where
 it was built as a torch 2.11 extension and proved on an NVIDIA H200:
@@ -528,9 +531,19 @@ Under the flag, use the atomic-free form of PT-0202 in three dimensions:
   sums weight * grad_output over its voxel's run, front to back, in the
   accumulate type, and stores once. The sort is done once for all
   channels. Nearest rounds as this file's 3-D forward does (::round).
-Every padding mode and align_corners setting. Without the flag the
-atomic kernel stays. This patch builds on PT-0202 (its sort wrapper and
-helpers in the same file).
+Runs longer than 256 terms (grids concentrated on a few voxels) are
+summed by a warp per voxel: lane l takes terms l, l + 32, ... and a
+fixed shuffle tree adds the lanes' sums. Every padding mode and
+align_corners setting. Without the flag the atomic kernel stays. This
+patch builds on PT-0202 (its sort wrapper and helpers in the same file).
+
+H200 (evidence gridsample3d): bitwise identical over 25 repeats in all
+28 cases (torch's differed in all but one), grad_grid bitwise equal to
+torch's in fp32/fp64, fp64 gradcheck for all 12 mode/padding/
+align_corners combinations; time 1.03x torch's at 4x32x32^3 with a 32^3
+trilinear grid (0.71x half), 0.92x upsampling to a 48^3 grid, nearest
+2.1-2.7x, small calls 2.2-3.6x (the sort's fixed cost), a grid inside
+a 2-voxel box 4.0-4.9x (misses).
 """
 
 PATCHES = [
@@ -557,9 +570,14 @@ no zero fill and no atomics. Any memory format; 32-bit index arithmetic
 where the sizes allow. The atomic kernel stays the default without the
 flag (it is faster on large inputs: 1.3-2x at 8x32x32^3, k3 s2 p1).
 
-H200: fp32 error vs fp64 0.6-1.2x torch's (half/bf16 0.2-0.35x); time
-0.43x torch's on a small call, 0.67x when 343 windows overlap each
-element, 1.3-2.0x on 8x32x32^3 (a miss of the 1.1x target).
+Overlapping windows: grad_output / divisor is computed once per output
+cell into a scratch buffer (the atomic kernel's division), so the gather
+only adds.
+
+H200 (evidence ops-v2): error vs fp64 0.00-1.00x torch's; time 0.73x
+on a small call, 0.41x when 343 windows overlap each element, 1.68x
+fp32 on 8x32x32^3 k3 s2 (1.42x half), 1.30x channels-last, 2.25x k2 s2
+(misses of the 1.1x target).
 """),
     dict(
         file="0204-deterministic-adaptive-avg-pool2d-backward.patch", pid="PT-0204",
@@ -582,9 +600,12 @@ Contiguous and channels-last alike (strides are followed); divisions by
 the sizes go through a multiply-high reciprocal. Without the flag the
 atomic kernel stays.
 
-H200: 32x256x33x33 -> 7x7 fp32 1.24x torch's time (fp16/bf16 0.68x,
-channels-last 2.1-2.3x: misses), small calls 0.51x; error 0.4-1.1x
-torch's.
+grad_output / window size is computed once per output cell into a
+scratch buffer (the atomic kernel's division); the gather only adds.
+
+H200 (evidence ops-v2): 32x256x33x33 -> 7x7 fp32 1.06x torch's time
+(fp16/bf16 0.58x), channels-last 2.0-2.2x (a miss), small calls
+0.66-0.85x, 4x4 -> 64x64 1.08x; error 0.04-0.90x torch's.
 """),
     dict(
         file="0205-deterministic-adaptive-avg-pool3d-backward.patch", pid="PT-0205",
@@ -602,9 +623,10 @@ thread per grad_input element sums grad_output / window volume over the
 covering cells in ascending order and stores once. Without the flag the
 atomic kernel stays.
 
-H200: 8x64x17^3 -> 5^3 fp32 1.15x torch's time (fp16/bf16 0.24x), small
-calls 0.51x, 2x2x2 -> 16^3 upsampling 2.1x fp32 (0.01x fp16, where
-torch's half atomics contend); error 0.4-1.03x torch's.
+H200 (evidence ops-v2): 8x64x17^3 -> 5^3 fp32 0.92x torch's time
+(fp16/bf16 0.19x), small calls 0.78-0.81x, 2x2x2 -> 16^3 upsampling
+1.33x fp32 (0.01x fp16, where torch's half atomics contend); error
+0.08-1.00x torch's.
 """),
     dict(
         file="0206-deterministic-reflection-pad-backward.patch", pid="PT-0206",
@@ -628,10 +650,10 @@ index formula maps it back to x. One thread per grad_input element sums
 those in a fixed order and stores once. Without the flag the atomic
 kernel stays.
 
-H200 (torch 2.11 no longer raises for reflection_pad2d; it still does
-for 1d and 3d): fp32 time 2.4x torch's at 16x64x128x128 pad 3 (1.15x
-channels-last, 1.35x half), 3.5x for 1d, 1.4x for 3d (misses); small
-calls 0.49x; error 0.3-1.0x torch's.
+H200 (evidence ops-v2; torch 2.11 no longer raises for reflection_pad2d,
+it still does for 1d and 3d): fp32 time 1.80x torch's at
+16x64x128x128 pad 3 (0.79x channels-last, 1.08x half), 2.26x for 1d,
+1.16x for 3d (misses); small calls 0.49x; error 0.21-1.00x torch's.
 """),
     dict(
         file="0207-deterministic-replication-pad-backward.patch", pid="PT-0207",
@@ -653,10 +675,10 @@ kernel: source(o) = clamp(o - pad_l, 0, I - 1), so input x receives
 edges. One thread per grad_input element sums its range in ascending
 order and stores once. Without the flag the atomic kernel stays.
 
-H200: fp32 2.8x torch's time at 16x64x128x128 pad 3 (1.13x half), 3.2x
-for 1d, 1.6x for 3d (misses); 0.59x when a corner receives 65^2
-positions (fp16 there: 0.0005x, torch's half atomics serialise); error
-0.14-1.16x torch's.
+H200 (evidence ops-v2): fp32 2.07x torch's time at 16x64x128x128 pad 3
+(0.92x half), 2.53x for 1d, 1.28x for 3d (misses); 0.76x when a corner
+receives 65^2 positions (fp16 there: 0.0005x, torch's half atomics
+serialise); error 0.02-1.00x torch's.
 """),
     dict(
         file="0208-deterministic-upsample-linear-backward.patch", pid="PT-0208",
@@ -687,11 +709,23 @@ axis in ascending order, and stores once. As in the forward, equal input
 and output sizes copy. The antialiased bilinear/bicubic backward keep
 the alert. Without the flag the atomic kernels stay.
 
-H200 (torch 2.11 still raises for linear and bicubic): bicubic 8x32x64^2
-x2 0.61x torch's time (0.05x half), linear 0.09x, bilinear x2 1.9x fp32
-(0.9x half), bilinear 128^2 -> 50^2 3.3x, trilinear 16^3 x2 1.7x,
-extreme upsampling (4x4 -> 256^2) 3.0x (misses); error 0.01-1.06x
-torch's except bilinear 4x4 -> 256^2 fp32 (2.0x, both below 7e-4).
+The tables kernel also keeps, per input position and axis, the weight of
+each output of its range, so the gather reads one weight per output.
+Where each element receives hundreds of outputs and there are few
+elements (upsampling from a tiny input), one warp sums each element:
+lane l takes terms l, l + 32, ... of the same order and a fixed shuffle
+tree adds the lanes' sums (bitwise reproducible: the assignment depends
+on the shapes only).
+
+Linear, bicubic and trilinear were faster than torch's atomic kernel in
+every measured case and dtype, but the atomic kernels stay the default
+without the flag here too (using ours for everyone is a separate step).
+
+H200 (evidence ops-v2; torch 2.11 still raises for linear and bicubic):
+bicubic 0.00-0.24x torch's time, linear 0.01-0.86x, trilinear 16^3 x2
+0.90x fp32 (0.45x half), bilinear x2 1.14x fp32 (0.52x half), bilinear
+128^2 -> 50^2 3.2x fp32 (2.1x half: a miss), upsampling from 4x4 or 2^3
+0.06-0.16x; error 0.01-1.00x torch's.
 """),
     dict(
         file="0209-deterministic-max-pool3d-backward.patch", pid="PT-0209",
@@ -714,10 +748,9 @@ cells with argmax t in that order and stores once. Contiguous and
 channels-last 3d (through contiguous copies). Without the flag the
 atomic kernel stays.
 
-H200: 8x32x32^3 k3 s2 p1 1.19x torch's time fp32 (0.60x half), k2 s2
-0.92x, small 0.64x, 125 outputs sharing an argmax 1.55x fp32 (0.34x
-half); error 0.09-1.0x torch's, 1.43x on one small fp32 case (a
-different summation order; both near one ulp).
+H200 (evidence ops-v2): 8x32x32^3 k3 s2 p1 1.15x torch's time fp32
+(0.60x half), k2 s2 0.78x, small 0.67x, 125 outputs sharing an argmax
+1.22x fp32 (0.34x half); error 0.09-1.00x torch's.
 """),
     dict(
         file="0210-deterministic-fractional-max-pool-backward.patch", pid="PT-0210",
@@ -750,9 +783,9 @@ each other. Under the flag:
 The pool size is now passed to the 3d template (it bounds L). Without
 the flag the atomic kernels stay.
 
-H200: 2d 16x64x64^2 k3 -> 40^2 2.9x torch's time fp32 (1.4x half),
-small 0.66x; 3d 4x32x24^3 k2 -> 16^3 1.3-1.4x (misses); error
-0.36-1.0x torch's.
+H200 (evidence ops-v2): 2d 16x64x64^2 k3 -> 40^2 3.0x torch's time fp32
+(1.4x half), small 0.71x, peaks 1.9x; 3d 4x32x24^3 k2 -> 16^3
+1.25-1.50x (misses); error 0.26-1.00x torch's.
 """),
     dict(
         file="0211-deterministic-max-unpool-forward.patch", pid="PT-0211",
@@ -773,9 +806,9 @@ of each output cell (a maximum does not depend on order), then every
 output cell is written once from its winner, or 0. max_unpool1d goes
 through max_unpool2d. Without the flag the racing kernels stay.
 
-H200: bitwise equal to the single-threaded CPU result in every case
-(torch's CUDA kernel is not, with duplicates); time 0.80-0.92x torch's,
-1.35x fp32 at 16x64x64x64 (no duplicates).
+H200 (evidence ops-v2): bitwise equal to the single-threaded CPU result
+in every case (torch's CUDA kernel is not, with duplicates); time
+0.82-0.88x torch's, 1.03-1.38x at 16x64x64x64 (no duplicates).
 """),
     dict(
         file="0222-deterministic-grid-sampler-3d-backward.patch", pid="PT-0222",
