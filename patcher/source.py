@@ -22,16 +22,18 @@ How a fetch works:
    directory is removed: nothing half-cloned remains.
 
 A second fetch of the same commit writes no file: the first one keeps its checkout's files in
-``<cache_dir>/checkouts/ORG/REPO/<commit>/`` (hard links: no copy) with the tree hash it
-computed, and a later fetch hard-links them into the new tree.  Nothing about them is trusted:
-git rebuilds the index from the commit and compares every file's content with the commit's
-blobs (``update-index --refresh``), and the tree hash is computed from the files again and
-must equal the recorded one; a kept checkout that fails either is removed (one line on
-stderr says so) and the tree is checked out from git as on a first fetch.  The trees fetched
-this way share their files with the cache: git, patch tools and editors that write a new
-file and rename it break the link, but a write in place into one of them (``>`` in a shell)
-shows in the others; the next fetch finds the damage and checks out afresh.  Where links
-cannot be made (another file system), every fetch checks out from git.
+``<cache_dir>/checkouts/ORG/REPO/<commit>/`` (hard links: no copy) with its git index and the
+tree hash it computed, and a later fetch hard-links them into the new tree.  Nothing about them
+is trusted: the index must match the commit (``diff-index --cached``), git compares each file
+with it (``update-index --refresh``: stat data, and the content of any file whose stat differs),
+and the tree hash is computed from the files again and must equal the recorded one; a kept
+checkout that fails any of these is removed (one line on stderr says so) and the tree is
+checked out from git as on a first fetch.  Such trees share their files with the cache, and
+each new link changes the files' ctime, so they set ``core.trustctime=false`` (git's advice
+when something outside git changes ctime).  Git, patch tools and editors that write a new file
+and rename it break the link; a write in place into one tree (``>`` in a shell) shows in the
+others, and the next fetch finds it and checks out afresh.  Where links cannot be made
+(another file system), every fetch checks out from git.
 
 The tree hash (:func:`tree_hash`) is ``sha256:`` + the sha256 of::
 
@@ -535,6 +537,7 @@ def _checkout_from_git(spec: BuildSpec, cache: Path, tmp: Path) -> None:
 
 # --- kept checkouts: a second fetch of a commit links the first one's files ------------------
 KEPT_RECORD = "checkout.json"
+KEPT_INDEX = "index"
 KEPT_FORMAT = 1
 
 
@@ -582,6 +585,10 @@ def _keep_checkout(tree: Path, kept: Path, commit: str, computed_hash: str) -> N
     staging = Path(tempfile.mkdtemp(prefix=f".{commit[:12]}.keep-", dir=kept.parent))
     try:
         _link_files(str(tree), str(staging / "files"), _top_level_entries(tree))
+        # the tree's index describes the kept files too (same inodes); ctime aside, which the
+        # links just changed: the tree stops trusting it, as every tree linked from here does
+        run_git("config", "core.trustctime", "false", cwd=tree)
+        shutil.copyfile(tree / ".git" / "index", staging / KEPT_INDEX)
         (staging / KEPT_RECORD).write_text(json.dumps(
             {"format": KEPT_FORMAT, "commit": commit, "tree_hash": computed_hash}, sort_keys=True) + "\n",
             encoding="utf-8")
@@ -608,12 +615,20 @@ def _fetch_from_kept(spec: BuildSpec, settings: Settings, cache: Path, source: s
     def populate(tmp: Path) -> None:
         try:
             run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
-            run_git("read-tree", spec.commit, cwd=tmp)  # the index, from the commit itself
             run_git("update-ref", "--no-deref", "-m", f"checkout: moving to {spec.commit}", "HEAD",
                     spec.commit, cwd=tmp)
+            run_git("config", "core.trustctime", "false", cwd=tmp)
         except GitCommandFailed as exc:
             raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
                              hint=f"remove the cache {cache} and fetch again") from None
+        try:
+            shutil.copyfile(kept / KEPT_INDEX, tmp / ".git" / "index")
+        except FileNotFoundError:
+            problem.append(f"has no {KEPT_INDEX}")
+            raise _KeptCheckoutDamaged from None
+        if run_git("diff-index", "--cached", "--quiet", "HEAD", cwd=tmp, check=False).returncode != 0:
+            problem.append("has an index that is not the commit's")
+            raise _KeptCheckoutDamaged
         try:
             _link_files(str(kept / "files"), str(tmp), _top_level_entries(tmp))
         except FileNotFoundError as exc:
@@ -622,11 +637,10 @@ def _fetch_from_kept(spec: BuildSpec, settings: Settings, cache: Path, source: s
         except OSError as exc:  # e.g. EXDEV, EMLINK: no links from there to here
             problem.append(f"cannot be linked into {dest.parent} ({exc.strerror or exc})")
             raise _KeptCheckoutDamaged from None
-        # git compares every file with the commit's blob (the index has no stat data yet) and
-        # records the stat data, as a checkout leaves it
+        # git checks each file against the index (and so the commit): stat data, and the
+        # content of any file whose stat data differs
         run_git("update-index", "-q", "--refresh", cwd=tmp, check=False)
-        changed = run_git("diff-files", "--name-only", "-z", cwd=tmp).stdout.split("\0")
-        changed = [p for p in changed if p]
+        changed = [p for p in run_git("diff-files", "--name-only", "-z", cwd=tmp).stdout.split("\0") if p]
         if changed:
             problem.append(f"differs from the commit in {len(changed)} file(s), first {changed[0]}")
             raise _KeptCheckoutDamaged

@@ -317,6 +317,8 @@ def test_second_fetch_links_the_kept_checkout_and_checks_it(small_mirror, tmp_pa
     assert git(b, "status", "--porcelain", "--ignore-submodules=none") == ""
     assert git(b, "rev-parse", "v1.0^{commit}") == first.commit
     assert git(b, "remote", "get-url", "origin") == first.fetched_from
+    # each new link changes the shared files' ctime: trees linked to the cache do not trust it
+    assert git(b, "config", "core.trustctime") == git(a, "config", "core.trustctime") == "false"
     assert source.read_manifest(b) == second and second.path == str(b)
     # a file replaced in b (as git, patch and editors do) leaves a and the cache as they were
     (b / "main.txt").unlink()
@@ -336,7 +338,12 @@ def _write_in_place(kept):
     (lambda kept: (kept / "checkout.json").write_text(json.dumps(
         {**json.loads((kept / "checkout.json").read_text()), "tree_hash": "sha256:" + "0" * 64})),
      "does not give its recorded tree hash sha256:0000"),
-], ids=["written-in-place", "file-missing", "record-unreadable", "recorded-hash-differs"])
+    (lambda kept: (kept / "index").unlink(), "has no index"),
+    (lambda kept: subprocess.run(["git", "update-index", "--force-remove", "main.txt"], check=True,
+                                 cwd=kept.parents[4] / "a", env=dict(os.environ, GIT_INDEX_FILE=str(kept / "index"))),
+     "has an index that is not the commit's"),
+], ids=["written-in-place", "file-missing", "record-unreadable", "recorded-hash-differs", "index-missing",
+        "index-not-the-commits"])
 def test_damaged_kept_checkout_is_found_and_checked_out_again(small_mirror, tmp_path, damage, says):
     first, second, kept, notices = _fetch_twice(small_mirror, tmp_path, damage)
     assert len(notices) == 1 and "\n" not in notices[0], notices
