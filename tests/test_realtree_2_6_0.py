@@ -29,7 +29,7 @@ TRIXIE_TORCH_TAG = "patcher-test/debian:trixie-torch"
 TRIXIE_TORCH_LABEL = "org.patcher.test-torch-base-id"
 NO_CUDA = "needs CUDA; this torch is built without CUDA"
 SERIES = ["PT-0101", "PT-0102", "PT-0103", "PT-0105", "PT-0107", "PT-0108", "PT-0201", "PT-0202", "PT-0904",
-          "PT-0907"]
+          "PT-0907", "PT-0908"]
 
 
 def git(cwd, *args) -> str:
