@@ -57,7 +57,7 @@ def main():
             registration["extensions"][name] = {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
             print(f"{name}: FAILED {exc}", flush=True)
             continue
-        registration["extensions"][name] = {"build_s": round(seconds, 1), "registered": registered}
+        registration["extensions"][name] = {"build_s": round(seconds, 1), "registered": registered}  # registered: the errors (none: all)
         print(f"{name}: built in {seconds:.1f} s, registered {registered}", flush=True)
     ids = determinism_patch_ids()
     registration["patched_ids"] = ids
