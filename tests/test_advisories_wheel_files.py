@@ -7,6 +7,7 @@ itself is tested on small wheels made here."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import zipfile
 from pathlib import Path
@@ -169,3 +170,22 @@ def test_a_wheel_backs_only_code_not_present(tmp_path):
                     f'wheel = {{ file = "torch.whl", sha256 = "{"0" * 64}" }}\n')
     with pytest.raises(AdvisoryDataError, match="wheel backs code_not_present claims only"):
         advisories.load(site=site)
+
+
+def test_the_cli_checks_the_claims_in_a_pinned_wheel(patcher_cli):
+    name, _digest = _pinned_torch_wheels()["1.4.0"]
+    wheel = WHEELS / name
+    if not wheel.is_file():
+        pytest.fail(f"{wheel} is missing (run `make host`: .ci/fetch-legacy-wheels.sh)", pytrace=False)
+    res = patcher_cli("advisories", "--torch", "1.4.0", "--cuda", "none", "--check-tree", str(wheel), "--json")
+    assert res.exit_code == 0, res.stderr
+    claims = json.loads(res.stdout)["claims"]
+    assert len(claims) == CLAIMS["1.4.0"] and all(c["ok"] for c in claims)
+
+
+def test_the_cli_refuses_a_file_that_is_neither_tree_nor_wheel(patcher_cli, tmp_path):
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    res = patcher_cli("advisories", "--torch", "1.4.0", "--cuda", "none", "--check-tree", str(other))
+    assert res.exit_code == 101, res.stderr
+    assert "no source tree or wheel at" in res.stderr and "Traceback" not in res.stderr

@@ -18,8 +18,9 @@ from patcher.errors import AdvisoryClaimError
 @click.option("--python", "python_version", default=None, help="Python version (default: the release's default).")
 @click.option("--advisories", "site_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="A site's own advisories/assessments laid over patcher's (default: setting `advisories`).")
-@click.option("--check-tree", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Check the assessments' source claims (code absent, build guards) against this source tree.")
+@click.option("--check-tree", type=click.Path(path_type=Path), default=None,
+              help="Check the assessments' source claims (code absent, build guards) against this source tree, "
+                   "or against the files of this wheel (a .whl: the claims established on that wheel).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def advisories_cmd(torch_version, cuda, python_version, site_file, check_tree, as_json) -> None:
     """The state of every published torch advisory for a build, before any build is made.
