@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Make PT-0201 and PT-0202 for another release from det_kernels.cuh, like make_patches.py.
 
-The kernels and the wiring are make_patches.py's own (its transforms are applied to the
-release's AdaptiveMaxPooling2d.cu and GridSampler.cu, and refuse to run where an anchor
-they need is missing); only the trailers and the paragraph that says how far the port is
-proven differ per release.
+The kernels, the wiring and the update of upstream's test_nondeterministic_alert_* tests are
+make_patches.py's own transforms, applied to the release's AdaptiveMaxPooling2d.cu,
+GridSampler.cu and test/test_torch.py (they refuse to run where an anchor they need is
+missing). Both patches touch test_torch.py, so PT-0202 is made on top of PT-0201, in series
+order. Only the trailers and the paragraph that says how far the port is proven differ per
+release.
 
     python3 harness/deterministic_backward/make_patches_release.py \
         --release 2.6.0 --tree /tmp/pytorch-2.6.0 --out patches/2.6.0
@@ -13,6 +15,7 @@ proven differ per release.
 """
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -27,10 +30,7 @@ PORT_NOTES = {
         "atomic kernels and launch code), so the same sections are inserted at the\n"
         "same places. The patch applies exactly to Debian's real 2.6.0 tree (CI);\n"
         "whether it compiles in a 2.6.0 build is for `patcher check --compile` with\n"
-        "nvcc 12.4 to show, and it has not run on a 2.6.0 GPU. Upstream's\n"
-        "test_nondeterministic_alert_* test of the op (test/test_torch.py) still\n"
-        "expects the alert on CUDA, which this patch removes: on a GPU that test\n"
-        "fails until its expectation is updated (not done in this port).\n"
+        "nvcc 12.4 to show, and it has not run on a 2.6.0 GPU.\n"
     ),
 }
 
@@ -42,6 +42,16 @@ def for_release(message, release):
     return body + "\n" + PORT_NOTES[release] + "\n" + trailers
 
 
+PATCHES = (
+    ("0201-deterministic-adaptive-max-pool2d-backward.patch", base.AMP_MESSAGE,
+     {base.AMP_FILE: base.patch_amp,
+      base.TEST_TORCH: lambda src: base.expect_no_cuda_alert(src, "AdaptiveMaxPool2d", "PT-0201")}),
+    ("0202-deterministic-grid-sampler-2d-backward.patch", base.GS_MESSAGE,
+     {base.GS_FILE: base.patch_gs,
+      base.TEST_TORCH: lambda src: base.expect_no_cuda_alert(src, "grid_sample_2d", "PT-0202")}),
+)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--release", required=True, choices=sorted(PORT_NOTES))
@@ -51,10 +61,28 @@ def main():
     tree = os.path.abspath(args.tree)
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="detbw-patches-", dir="/tmp") as scratch:
-        base.make_one(tree, scratch, base.AMP_FILE, base.patch_amp, for_release(base.AMP_MESSAGE, args.release),
-                      os.path.join(args.out, "0201-deterministic-adaptive-max-pool2d-backward.patch"))
-        base.make_one(tree, scratch, base.GS_FILE, base.patch_gs, for_release(base.GS_MESSAGE, args.release),
-                      os.path.join(args.out, "0202-deterministic-grid-sampler-2d-backward.patch"))
+        repo = os.path.join(scratch, "repo")
+        shutil.copytree(tree, repo, symlinks=True)
+        base.git(repo, "init", "-q")
+        base.git(repo, "add", "--force", "-A")
+        base.git(repo, "commit", "-q", "--no-verify", "-m", f"pristine {args.release}")
+        for name, message, transforms in PATCHES:  # in series order, each on top of the last
+            for relpath, transform in transforms.items():
+                path = os.path.join(repo, relpath)
+                with open(path) as f:
+                    src = f.read()
+                with open(path, "w") as f:
+                    f.write(transform(src))
+                base.git(repo, "add", "--force", relpath)
+            msg_file = os.path.join(scratch, "msg")
+            with open(msg_file, "w") as f:
+                f.write(for_release(message, args.release))
+            base.git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
+            patch = base.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+                             "--full-index", "HEAD")
+            with open(os.path.join(args.out, name), "wb") as f:
+                f.write(patch)
+            print("wrote", os.path.join(args.out, name))
     return 0
 
 
