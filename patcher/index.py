@@ -110,6 +110,11 @@ def _wheel_name_part_ok(name_part: str) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=65536)
+def _canonical_name(name_part: str) -> str:
+    return canonicalize_name(name_part)
+
+
 @functools.lru_cache(maxsize=4096)
 def _wheel_tail_ok(tail: str) -> bool:
     try:
@@ -129,7 +134,7 @@ def wheel_project_version(filename: str) -> tuple[str, str]:
     if len(parts) == 3 and _wheel_name_part_ok(parts[0]) and _wheel_tail_ok(parts[2]):
         version = _normalized_version(parts[1])
         if version is not None:
-            return canonicalize_name(parts[0]), version
+            return _canonical_name(parts[0]), version
     name, version, _, _ = parse_wheel_filename(filename)  # raises, with packaging's message
     return str(name), str(version)
 
