@@ -242,6 +242,7 @@ SERIES_UNITS = {
 @pytest.mark.docker
 @pytest.mark.realtree
 @pytest.mark.slow
+@pytest.mark.full_compile
 def test_every_unit_of_the_2_6_0_series_compiles(realtree_checkout_260, realtree_mirror_260, pushed_trixie_base,
                                                  tmp_path, patcher_cli, no_leaks):
     patches.apply_series(patches.load_series(DEFAULT_CATALOG / "patches", TORCH), realtree_checkout_260)
