@@ -96,8 +96,11 @@ def patched_tree(realtree_checkout) -> Path:
 
 @pytest.mark.realtree
 def test_the_series_with_the_backports_applies_exactly_in_order(patched_tree):
-    log = run_git(patched_tree, "log", "--format=%s", "-3").stdout.splitlines()
-    assert log[0].startswith("jit: refuse None") and log[2].startswith("serialization: weights_only=True")
+    # oldest first: the three backports, one commit each, in series order (later patches follow them)
+    log = run_git(patched_tree, "log", "--reverse", "--format=%s").stdout.splitlines()
+    backports = [s for s in log if s.startswith(("serialization: weights_only=True", "weights_only: SETITEM",
+                                                 "jit: refuse None"))]
+    assert [s.split(":")[0] for s in backports] == ["serialization", "weights_only", "jit"], backports
     text = (patched_tree / "torch" / "serialization.py").read_text()
     assert "Weights only load refused: this file is a TorchScript archive" in text
     assert "declares {numel} bytes, but its record in the archive holds" in text
