@@ -296,27 +296,25 @@ def _config(tmp_path: Path, mirror, builder) -> Path:
     return config
 
 
-@pytest.mark.docker
-@pytest.mark.realtree
-@pytest.mark.slow
-@pytest.mark.full_compile
-def test_every_unit_of_the_1_13_1_series_compiles(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
-                                                  builder_image_cpu_1131, no_leaks):
+def _compile_1_13_1_series(patcher_cli, tmp_path, checkout, mirror, builder, units: dict[str, str],
+                           patch_ids: tuple[str, ...] = ()):
+    """`patcher check --compile` of the applied 1.13.1 series (or of ``patch_ids``' units);
+    every unit of ``units`` compiled and passed, with the flags of the real build."""
     series = patches.load_series(REPO / "patches", "1.13.1")
-    patches.apply_series(series, realtree_checkout)
+    patches.apply_series(series, checkout)
     report_path = tmp_path / "report.json"
-    res = patcher_cli("--config", _config(tmp_path, realtree_mirror, builder_image_cpu_1131),
-                      "check", "--compile", "--torch", "1.13.1", "--source", realtree_checkout,
-                      "--image", builder_image_cpu_1131.tag, "--report", report_path,
+    res = patcher_cli("--config", _config(tmp_path, mirror, builder),
+                      "check", "--compile", "--torch", "1.13.1", "--source", checkout,
+                      "--image", builder.tag, "--report", report_path,
                       # The oldest and newest entries of the spec's arch list: each -gencode is a
                       # device pass of its own, and the full list of seven makes GridSampler.cu
                       # alone take over ten minutes on two cores (evidence/compile-check-1.13.1.json
                       # is that run).
-                      "--arch", "3.7;8.6")
+                      "--arch", "3.7;8.6", *(arg for pid in patch_ids for arg in ("--patch", pid)))
     assert res.exit_code == 0, res.stdout[-4000:] + res.stderr[-4000:]
     report = json.loads(report_path.read_text())
     assert {u["path"]: (u["language"], u["status"]) for u in report["units"]} == {
-        path: (lang, "pass") for path, lang in {**SERIES_UNITS, **dict.fromkeys(HEADER_UNITS, "c++")}.items()}
+        path: (lang, "pass") for path, lang in {**units, **dict.fromkeys(HEADER_UNITS, "c++")}.items()}
     via = {u["path"]: u["via"] for u in report["units"] if u["via"]}
     assert via == HEADER_UNITS
     reasons = {o["path"]: o["reason"] for o in report["not_compiled"]}
@@ -332,6 +330,17 @@ def test_every_unit_of_the_1_13_1_series_compiles(patcher_cli, tmp_path, realtre
     cpp = [u for u in report["units"] if u["language"] == "c++"]
     assert all(u["flags_from"] == "compile_commands.json" for u in cpp)
     assert all("-std=gnu++14" in u["command"] for u in cpp)
+    return res, report
+
+
+@pytest.mark.docker
+@pytest.mark.realtree
+@pytest.mark.slow
+@pytest.mark.full_compile
+def test_every_unit_of_the_1_13_1_series_compiles(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
+                                                  builder_image_cpu_1131, no_leaks):
+    res, report = _compile_1_13_1_series(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
+                                         builder_image_cpu_1131, SERIES_UNITS)
     est = report["estimate"]
     assert est["compile_steps_cpp"] > 1000 and est["estimated_seconds"] > report["durations"]["total"]
     assert "full build, estimated" in res.stdout
@@ -354,38 +363,10 @@ CI_UNITS = {path: SERIES_UNITS[path] for path in (
 @pytest.mark.docker
 @pytest.mark.realtree
 @pytest.mark.slow
-def test_the_1_13_1_series_compiles_but_for_the_later_determinism_kernels(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
-                                                  builder_image_cpu_1131, no_leaks):
-    series = patches.load_series(REPO / "patches", "1.13.1")
-    patches.apply_series(series, realtree_checkout)
-    report_path = tmp_path / "report.json"
-    res = patcher_cli("--config", _config(tmp_path, realtree_mirror, builder_image_cpu_1131),
-                      "check", "--compile", "--torch", "1.13.1", "--source", realtree_checkout,
-                      "--image", builder_image_cpu_1131.tag, "--report", report_path,
-                      # The oldest and newest entries of the spec's arch list: each -gencode is a
-                      # device pass of its own, and the full list of seven makes GridSampler.cu
-                      # alone take over ten minutes on two cores (evidence/compile-check-1.13.1.json
-                      # is that run).
-                      "--arch", "3.7;8.6", *(arg for pid in CI_PATCHES for arg in ("--patch", pid)))
-    assert res.exit_code == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    report = json.loads(report_path.read_text())
-    assert {u["path"]: (u["language"], u["status"]) for u in report["units"]} == {
-        path: (lang, "pass") for path, lang in {**CI_UNITS, **dict.fromkeys(HEADER_UNITS, "c++")}.items()}
-    via = {u["path"]: u["via"] for u in report["units"] if u["via"]}
-    assert via == HEADER_UNITS
-    reasons = {o["path"]: o["reason"] for o in report["not_compiled"]}
-    assert reasons["aten/src/ATen/native/mkldnn/Utils.h"] == ("header: compiled through "
-                                                              "aten/src/ATen/native/mkldnn/Utils.cpp")
-    assert report["arch_dropped"] == [] and len(report["gencode"]) == 2
-    for unit in report["units"]:
-        assert unit["path"] in res.stdout and unit["seconds"] > 0
-    cuda_units = [u for u in report["units"] if u["language"] == "cuda"]
-    assert all(u["flags_from"].startswith("derived from aten/src/ATen/native/") for u in cuda_units)
-    assert "nvcc" in report["compilers"] and "release 11.2" in report["compilers"]["nvcc"]
-    assert report["gencode"] and report["cuda_image"]
-    cpp = [u for u in report["units"] if u["language"] == "c++"]
-    assert all(u["flags_from"] == "compile_commands.json" for u in cpp)
-    assert all("-std=gnu++14" in u["command"] for u in cpp)
+def test_the_1_13_1_series_compiles_but_for_the_later_determinism_kernels(
+        patcher_cli, tmp_path, realtree_checkout, realtree_mirror, builder_image_cpu_1131, no_leaks):
+    _compile_1_13_1_series(patcher_cli, tmp_path, realtree_checkout, realtree_mirror, builder_image_cpu_1131,
+                           CI_UNITS, CI_PATCHES)
 
 
 @pytest.mark.docker
