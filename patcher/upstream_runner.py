@@ -14,8 +14,11 @@ reported, as ``crashed``.
 MANIFEST (written by the host; paths relative to its directory):
     {"schema": 1, "tests_dir": "tree/test", "rootdir": "tree", "site_dir": "site",
      "wheel_dir": "wheels", "wheels": {"3.6": [{"file", "sha256"}], ...},
-     "selections": [{"id", "args": [...], "timeout_s"}]}
-RESULT: {"schema": 1, "error", "python", "python_version", "executable", "torch",
+     "jobs": N or null, "selections": [{"id", "args": [...], "timeout_s", "heavy"}]}
+    Selections run in up to ``jobs`` pytest processes at once (null: one per CPU the runner may
+    use, at most MAX_AUTO_JOBS), heavy ones first; each is its own process and crash boundary,
+    and the result lists them in the manifest's order whatever order they finished in.
+RESULT: {"schema": 1, "error", "python", "python_version", "executable", "torch", "jobs",
          "installed", "selections": [{"id", "args", "returncode", "duration_s", "collected",
          "nodes": [{"node", "outcome", "duration_s", "message"}], "output_tail", "error"}]}
 """
@@ -29,10 +32,12 @@ import subprocess
 import sys
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 SCHEMA = 1
 EVENTS_VAR = "PATCHER_UPSTREAM_EVENTS"
 OUTPUT_TAIL = 6000
+MAX_AUTO_JOBS = 4  # each pytest process holds its own torch; more rarely pays on a probe host
 
 
 # --- the pytest plugin (loaded in the child pytest with -p upstream_runner) -------------------
@@ -233,6 +238,25 @@ def run_selection(selection, tests_dir, rootdir, env, work):
             "nodes": nodes, "output_tail": output[-OUTPUT_TAIL:], "error": error}
 
 
+def default_jobs():
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_JOBS, cpus))
+
+
+def run_selections(selections, tests_dir, rootdir, env, work, jobs):
+    """Every selection's result, in the order given; heavy selections start first so that the
+    longest ones do not end up alone at the tail."""
+    if jobs <= 1 or len(selections) <= 1:
+        return [run_selection(s, tests_dir, rootdir, env, work) for s in selections]
+    order = sorted(range(len(selections)), key=lambda i: not selections[i].get("heavy", False))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {i: pool.submit(run_selection, selections[i], tests_dir, rootdir, env, work) for i in order}
+        return [futures[i].result() for i in range(len(selections))]
+
+
 def main(argv):
     manifest_path, result_path = argv[1], argv[2]
     base = os.path.dirname(os.path.abspath(manifest_path))
@@ -258,8 +282,9 @@ def main(argv):
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env.pop(EVENTS_VAR, None)
         result["torch"] = _torch_info(env, tests_dir)
-        for selection in manifest["selections"]:
-            result["selections"].append(run_selection(selection, tests_dir, rootdir, env, base))
+        jobs = manifest.get("jobs") or default_jobs()
+        result["jobs"] = jobs
+        result["selections"] = run_selections(manifest["selections"], tests_dir, rootdir, env, base, jobs)
     except RuntimeError as exc:
         result["error"] = str(exc)
     result["duration_s"] = round(time.time() - started, 3)

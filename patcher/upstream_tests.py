@@ -461,9 +461,13 @@ def _sh_quote(text: str) -> str:
 
 
 def prepare_payload(tree: Path, selections: Sequence[Selection], wheelhouse: Path, dest: Path,
-                    requirements: Path = REQUIREMENTS, timeout_s: float = DEFAULT_TIMEOUT_S) -> Payload:
+                    requirements: Path = REQUIREMENTS, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    jobs: int | None = None) -> Payload:
     """Fill ``dest`` (a new or empty directory) with the runner, a copy of the tree's tests,
-    the pinned wheels and the manifest."""
+    the pinned wheels and the manifest.  ``jobs``: selections run at once in the target (None:
+    the runner picks one per CPU it may use, at most four)."""
+    if jobs is not None and jobs < 1:
+        raise UpstreamTestsSetupError(f"jobs must be at least 1, not {jobs}")
     tree = Path(tree)
     tests = tree / "test"
     if not tests.is_dir():
@@ -485,7 +489,10 @@ def prepare_payload(tree: Path, selections: Sequence[Selection], wheelhouse: Pat
         shutil.copy2(Path(wheelhouse) / wheel.file, dest / "wheels" / wheel.file)
     manifest = {"schema": 1, "tests_dir": "tree/test", "rootdir": "tree", "site_dir": "site", "wheel_dir": "wheels",
                 "wheels": {py: [{"file": w.file, "sha256": w.sha256} for w in group] for py, group in wheels.items()},
-                "selections": [{"id": s.id, "args": s.args(), "timeout_s": timeout_s} for s in selections]}
+                "jobs": jobs,
+                # the smoke selections hold most of the nodes: started first, they do not end up last alone
+                "selections": [{"id": s.id, "args": s.args(), "timeout_s": timeout_s,
+                                "heavy": SMOKE_ID in s.patches} for s in selections]}
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return Payload(root=dest, selections=tuple(selections), tree=str(tree))
 
@@ -539,7 +546,7 @@ def run_upstream_tests(tree: Path, python: str, series: Series | None, wheelhous
                        smoke: bool = True, baseline_python: str | None = None,
                        requirements: Path = REQUIREMENTS, timeout_s: float = DEFAULT_TIMEOUT_S,
                        selections: Sequence[Selection] | None = None, work_dir: Path | None = None,
-                       env: dict[str, str] | None = None) -> UpstreamTestReport:
+                       env: dict[str, str] | None = None, jobs: int | None = None) -> UpstreamTestReport:
     """Run the series' Upstream-Tests (plus ``SMOKE``) from ``tree``'s test/ with ``python``.
 
     ``baseline_python``: an interpreter with the unpatched release; the nodes that fail with
@@ -553,11 +560,11 @@ def run_upstream_tests(tree: Path, python: str, series: Series | None, wheelhous
             base = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="patcher-upstream-")))
         else:
             base = Path(tempfile.mkdtemp(prefix="upstream-tests-", dir=work_dir))
-        payload = prepare_payload(tree, chosen, wheelhouse, base / "patched", requirements, timeout_s)
+        payload = prepare_payload(tree, chosen, wheelhouse, base / "patched", requirements, timeout_s, jobs)
         report = run_payload(payload, python, env=env)
         if baseline_python and (report.failures or report.selection_errors):
             again = prepare_payload(tree, report.baseline_selections(), wheelhouse, base / "baseline",
-                                    requirements, timeout_s)
+                                    requirements, timeout_s, jobs)
             report = report.with_baseline(run_payload(again, baseline_python, env=env))
     return report
 

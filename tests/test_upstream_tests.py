@@ -249,6 +249,63 @@ def test_a_tampered_wheel_is_refused(demo_tree, wheelhouse, tmp_path):
     assert not (payload.root / "site" / "pytest").exists()
 
 
+MEETING_TESTS = '''\
+import os
+import time
+
+import torch
+
+
+def _meet(mine, other):
+    meet = os.environ["MEETING_DIR"]
+    open(os.path.join(meet, mine), "w").close()
+    deadline = time.time() + 20
+    while not os.path.exists(os.path.join(meet, other)):
+        assert time.time() < deadline, "the other selection never ran beside this one"
+        time.sleep(0.05)
+
+
+def test_a():
+    _meet("a", "b")
+
+
+def test_b():
+    _meet("b", "a")
+
+
+def test_alone():
+    pass
+'''
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_selections_run_at_the_same_time_and_are_reported_in_order(jobs, tmp_path, wheelhouse):
+    """Two selections that can only pass together (each waits for the other's file): with two
+    jobs they meet, with one they cannot; the result lists selections in the plan's order."""
+    tree = tmp_path / "tree"
+    (tree / "test").mkdir(parents=True)
+    (tree / "test" / "test_meet.py").write_text(MEETING_TESTS)
+    fake = tmp_path / "standin-torch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    meeting = tmp_path / "meet"
+    meeting.mkdir()
+    tests = patches.parse_upstream_tests("test_meet.py::test_alone, test_meet.py::test_a, test_meet.py::test_b")
+    selections = ut.plan(None, smoke=False, extra=[("PT-0001", t) for t in tests])
+    report = ut.run_upstream_tests(tree, sys.executable, None, wheelhouse, selections=selections, timeout_s=60,
+                                   env={"PYTHONPATH": str(fake), "MEETING_DIR": str(meeting)}, jobs=jobs)
+    assert [s.id for s in report.selections] == [s.id for s in selections]
+    # one at a time, test_a waits in vain; test_b, after it, finds test_a's file
+    assert report.outcomes() == {"test_meet.py::test_alone": "passed",
+                                 "test_meet.py::test_a": "passed" if jobs == 2 else "failed",
+                                 "test_meet.py::test_b": "passed"}
+
+
+def test_jobs_below_one_are_refused(demo_tree, wheelhouse, tmp_path):
+    with pytest.raises(UpstreamTestsSetupError, match="jobs must be at least 1, not 0"):
+        ut.prepare_payload(demo_tree[0], demo_selections(), wheelhouse, tmp_path / "p", jobs=0)
+
+
 def test_no_test_directory_and_no_wheelhouse(tmp_path, wheelhouse):
     with pytest.raises(UpstreamTestsSetupError, match="has no test/ directory"):
         ut.prepare_payload(tmp_path, (), wheelhouse, tmp_path / "p")
