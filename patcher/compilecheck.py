@@ -107,6 +107,8 @@ NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_E
                     "-O3", "-DNDEBUG", "-Xcompiler=-fPIC")
 # Definitions of the CPU library that must not leak into a CUDA unit of another library.
 CPU_ONLY_DEFINES = ("-Dtorch_cpu_EXPORTS", "-DCAFFE2_BUILD_MAIN_LIB")
+# What torch_cuda's C++ units get in place of them.
+CUDA_LIBRARY_DEFINES = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS")
 # The headers a CUDA configure writes from templates (template -> place in the build dir).
 CUDA_CONFIGURED_HEADERS = {
     "aten/src/ATen/cuda/CUDAConfig.h.in": "aten/src/ATen/cuda/CUDAConfig.h",
@@ -206,6 +208,18 @@ class TranslationUnit:
     @property
     def is_cuda(self) -> bool:
         return self.path.endswith(CUDA_SUFFIXES)
+
+    @property
+    def is_cuda_library_cpp(self) -> bool:
+        """A C++ file of ATen's CUDA directories (``native/cuda/Sorting.cpp``): torch_cuda compiles
+        it with g++ in a CUDA build, and a CPU configure has no compile step for it."""
+        parts = self.path.split("/")
+        return (not self.is_cuda and self.path.startswith("aten/src/ATen/") and "cuda" in parts[:-1]
+                and self.path.endswith(TU_SUFFIXES))
+
+    @property
+    def needs_cuda(self) -> bool:
+        return self.is_cuda or self.is_cuda_library_cpp
 
 
 # --- pure logic --------------------------------------------------------------------------------------
@@ -352,6 +366,27 @@ def nvcc_command(unit: str, reference: dict[str, Any], gencode: list[str], host_
     standard = "-std=c++17" if any(a.startswith("-std=") and a.endswith("++17") for a in argv) else "-std=c++14"
     return ["nvcc", "-ccbin", host_compiler, *host_flags(argv, directory),
             *NVCC_FIXED_FLAGS, standard, *extra, *gencode, "-x", "cu", "-c", f"{CONTAINER_SRC}/{unit}", "-o", output]
+
+
+def cuda_library_cpp_command(unit: str, reference: dict[str, Any], output: str) -> list[str]:
+    """The g++ command for a C++ unit of torch_cuda (``TranslationUnit.is_cuda_library_cpp``):
+    the CPU unit's own command (compiler, optimisation, standard, includes) with its source and
+    object swapped, torch_cpu's export definitions dropped and torch_cuda's added, as
+    ``cmake/Codegen.cmake`` and ``caffe2/CMakeLists.txt`` give them for a CUDA build."""
+    argv = entry_argv(reference)
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "-o":
+            next(args, None)
+            continue
+        if arg == "-c":
+            next(args, None)
+            continue
+        if arg in CPU_ONLY_DEFINES:
+            continue
+        out.append(arg)
+    return [*out, *CUDA_LIBRARY_DEFINES, "-c", f"{CONTAINER_SRC}/{unit}", "-o", output]
 
 
 def configure_file(template: str, values: dict[str, str], defined: set[str]) -> str:
@@ -652,9 +687,10 @@ class CompileCheck:
         series = patches_mod.load_series(self.settings.patches_dir, self.options.torch)
         units, others = units_of_series(series, self.options.patch_ids)
         if not cuda_spec:
-            for u in [u for u in units if u.is_cuda]:
-                others.append({"path": u.path, "patches": ",".join(u.patches), "reason": "CUDA unit, --cuda none"})
-            units = [u for u in units if not u.is_cuda]
+            for u in [u for u in units if u.needs_cuda]:
+                reason = "CUDA unit, --cuda none" if u.is_cuda else "C++ unit of torch_cuda, --cuda none"
+                others.append({"path": u.path, "patches": ",".join(u.patches), "reason": reason})
+            units = [u for u in units if not u.needs_cuda]
         tree = self._tree(spec, series)
         head = run_git("rev-parse", "HEAD", cwd=tree).stdout.strip()
         tree_paths = [p for _m, _o, p in tracked_files(tree)]
@@ -663,7 +699,7 @@ class CompileCheck:
             try:
                 image = self._builder_image(engine, spec)
                 cuda_image = None
-                if cuda_spec and any(u.is_cuda for u in units):
+                if cuda_spec and any(u.needs_cuda for u in units):
                     rendered = render_cuda_image(spec, image, self.settings, cuda_spec)
                     t = time.monotonic()
                     cuda_image, built = ensure_cuda_image(engine, rendered, on_log=self.log)
@@ -714,7 +750,7 @@ class CompileCheck:
         reference = None
         gencode: list[str] = []
         dropped: list[str] = []
-        if any(u.is_cuda for u in units):
+        if any(u.needs_cuda for u in units):
             reference = reference_entry(entries)
             debian = DEBIAN_CUDA[spec.image.codename]
             gencode, dropped = gencode_flags(cuda_spec.arch_list or "", debian["max_compute"])
@@ -737,6 +773,12 @@ class CompileCheck:
                 order_only += self._prerequisites(container, entry_output(reference))
                 continue
             entry = entries.get(unit.path)
+            if entry is None and unit.is_cuda_library_cpp and reference is not None:
+                obj = f"{BUILD_DIR}/compile-check-cuda/{unit.path}.o"
+                plans.append((unit, cuda_library_cpp_command(unit.path, reference, obj), reference["directory"],
+                              f"derived from {tree_relative(reference)} (torch_cuda definitions)"))
+                order_only += self._prerequisites(container, entry_output(reference))
+                continue
             if entry is None:
                 plans.append(UnitResult(unit.path, "c++", unit.patches, "not-built", 0.0, compilers["c++"], "-",
                                         message="not compiled by this build's configuration"))
@@ -754,7 +796,7 @@ class CompileCheck:
 
         def compile_one(plan) -> UnitResult:
             unit, argv, workdir, flags_from = plan
-            if unit.is_cuda:
+            if unit.needs_cuda:
                 self._exec(container, ["mkdir", "-p", posixpath.dirname(argv[-1])])
             self.log(f"compiling {unit.path}\n")
             code, output, seconds = self._exec(container, argv, workdir=workdir)

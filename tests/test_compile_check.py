@@ -169,6 +169,21 @@ def test_nvcc_command_takes_includes_and_defines_of_the_cpu_unit():
     assert argv[-4:] == ["-c", "/src/aten/src/ATen/native/cuda/GridSampler.cu", "-o", "/src/build/out/GridSampler.cu.o"]
 
 
+def test_a_cpp_file_of_atens_cuda_directories_compiles_with_torch_cudas_definitions():
+    sorting = cc.TranslationUnit("aten/src/ATen/native/cuda/Sorting.cpp", ("PT-0219",))
+    assert sorting.is_cuda_library_cpp and sorting.needs_cuda and not sorting.is_cuda
+    for path in ("aten/src/ATen/native/cuda/Sorting.cu", "aten/src/ATen/native/LossCTC.cpp",
+                 "c10/cuda/CUDACachingAllocator.cpp", "torch/csrc/cuda/Module.cpp"):
+        assert not cc.TranslationUnit(path, ()).is_cuda_library_cpp, path
+    argv = cc.cuda_library_cpp_command(sorting.path, ENTRY, "/src/build/compile-check-cuda/Sorting.cpp.o")
+    assert argv[0] == "/usr/bin/g++-10" and "-std=gnu++14" in argv and "-O2" in argv and "-I../aten/src" in argv
+    assert "-Dtorch_cpu_EXPORTS" not in argv and "-DCAFFE2_BUILD_MAIN_LIB" not in argv
+    assert {"-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS"} <= set(argv)
+    assert argv[-4:] == ["-c", "/src/aten/src/ATen/native/cuda/Sorting.cpp",
+                         "-o", "/src/build/compile-check-cuda/Sorting.cpp.o"]
+    assert "LossCTC" not in " ".join(argv)
+
+
 def test_configure_file_like_cmake():
     template = "#define A() @A@\n#define S \"@S@\"\n#cmakedefine ON_ONE\n#cmakedefine OFF_ONE 1\n"
     out = cc.configure_file(template, {"A": "0", "S": "-gencode x"}, {"ON_ONE"})
@@ -328,7 +343,10 @@ def _compile_1_13_1_series(patcher_cli, tmp_path, checkout, mirror, builder, uni
     assert "nvcc" in report["compilers"] and "release 11.2" in report["compilers"]["nvcc"]
     assert report["gencode"] and report["cuda_image"]
     cpp = [u for u in report["units"] if u["language"] == "c++"]
-    assert all(u["flags_from"] == "compile_commands.json" for u in cpp)
+    # torch_cuda's C++ files (native/cuda/*.cpp) have no step in the CPU configure: derived
+    cuda_library = {u["path"] for u in cpp if cc.TranslationUnit(u["path"], ()).is_cuda_library_cpp}
+    assert all(u["flags_from"] == "compile_commands.json" for u in cpp if u["path"] not in cuda_library)
+    assert all(u["flags_from"].endswith("(torch_cuda definitions)") for u in cpp if u["path"] in cuda_library)
     assert all("-std=gnu++14" in u["command"] for u in cpp)
     return res, report
 
