@@ -79,7 +79,7 @@ def test_resolved_assessments_name_a_patch_of_the_series_and_its_probe(data):
             assert set(assessment.probes) <= known
             cve = re.search(r"^Upstream-Bug: (.+)$", text, re.M).group(1)
             assert a.id in cve, (a.id, assessment.patch)
-    assert seen == 17  # 1.4.0: 3, 1.13.1: 8, 2.6.0: 6
+    assert seen == 18  # 1.4.0: 3, 1.13.1: 9, 2.6.0: 6
 
 
 def test_source_claims_are_only_made_where_a_real_tree_checks_them(data):
@@ -99,16 +99,16 @@ def _findings(data, torch="1.13.1", cuda="none", patch_ids=None, probe=None):
     return {f.advisory.id: f for f in advisories.assess(data, torch, advisories.build_flags(spec), ids, probe)}
 
 
-def test_1_13_1_cpu_leaves_no_high_or_critical_open_but_the_one_not_read(data):
+def test_1_13_1_cpu_leaves_no_high_or_critical_open(data):
     found = _findings(data)
     assert set(found) == {a.id for a in data.advisories}
     open_high = sorted(i for i, f in found.items() if f.state in ("exploitable", "in_triage")
                        and (f.advisory.score or 0) >= 7.0)
-    # CVE-2025-55553: neither its report nor its fix could be read here (patches/README.md)
-    assert open_high == ["CVE-2025-55553"]
-    assert advisories.counts(found.values()) == {"resolved": 8, "not_affected": 12, "exploitable": 0,
-                                                 "in_triage": 11, "false_positive": 1}
-    for cve in ("CVE-2025-32434", "CVE-2026-24747", "CVE-2025-2148"):
+    # CVE-2025-55553 (FX writes the keyword `from` into generated code) is resolved by PT-0109
+    assert open_high == []
+    assert advisories.counts(found.values()) == {"resolved": 9, "not_affected": 12, "exploitable": 0,
+                                                 "in_triage": 10, "false_positive": 1}
+    for cve in ("CVE-2025-32434", "CVE-2026-24747", "CVE-2025-2148", "CVE-2025-55553"):
         assert found[cve].state == "resolved" and found[cve].patch, cve
     assert found["CVE-2024-48063"].justification == "requires_configuration"
     assert "USE_DISTRIBUTED=0" in found["CVE-2024-48063"].detail
@@ -235,11 +235,11 @@ def test_advisories_command_lists_every_advisory(patcher_cli, data):
     assert res.exit_code == 0, res.stderr
     for a in data.advisories:
         assert a.id in res.stdout
-    assert "counts: 8 resolved, 12 not_affected, 0 exploitable, 11 in_triage, 1 false_positive" in res.stdout
+    assert "counts: 9 resolved, 12 not_affected, 0 exploitable, 10 in_triage, 1 false_positive" in res.stdout
     res = patcher_cli("advisories", "--torch", "1.13.1", "--cuda", "none", "--json")
     doc = json.loads(res.stdout)
     assert doc["torch"] == "1.13.1" and doc["cuda"] == "none" and "PT-0106" in doc["patches"]
-    assert len(doc["advisories"]) == 32 and doc["counts"]["resolved"] == 8
+    assert len(doc["advisories"]) == 32 and doc["counts"]["resolved"] == 9
     row = next(r for r in doc["advisories"] if r["id"] == "CVE-2025-32434")
     assert row["state"] == "resolved" and row["patch"] == "PT-0106" and row["score"] == 9.8
 

@@ -1,10 +1,10 @@
 """Issue 16 on the real 1.13.1 tree and Debian's real torch 1.13.1.
 
 - every source claim of the 1.13.1 assessments (code absent, build guards) holds in the tree;
-- the series, with the new backports PT-0106 to PT-0108, applies exactly and in order (git am);
-- the new probe checks find each defect on Debian's unpatched python3-torch 1.13.1, and the two
-  Python-level fixes pass when the patched files from the real tree are loaded in place of the
-  installed ones (the way tests/test_catalog_security.py proves PT-0101).
+- the series, with the new backports PT-0106 to PT-0109, applies exactly and in order (git am);
+- the new probe checks find each defect on Debian's unpatched python3-torch 1.13.1, and the three
+  Python-level fixes (PT-0106, PT-0107, PT-0109) pass when the patched files from the real tree are
+  loaded in place of the installed ones (the way tests/test_catalog_security.py proves PT-0101).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from patcher.probe import all_check_ids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERIES_DIR = REPO_ROOT / "patches" / "1.13.1"
-NEW = {"PT-0106": "CVE-2025-32434", "PT-0107": "CVE-2026-24747", "PT-0108": "CVE-2025-2148"}
-CHECKS = "security.cve_2025_32434,security.cve_2026_24747,security.cve_2025_2148"
+NEW = {"PT-0106": "CVE-2025-32434", "PT-0107": "CVE-2026-24747", "PT-0108": "CVE-2025-2148",
+       "PT-0109": "CVE-2025-55553"}
+CHECKS = "security.cve_2025_32434,security.cve_2026_24747,security.cve_2025_2148,security.cve_2025_55553"
 
 
 GIT_ENV = {"GIT_AUTHOR_NAME": "patcher test", "GIT_AUTHOR_EMAIL": "test@patcher.invalid",
@@ -96,17 +97,19 @@ def patched_tree(realtree_checkout) -> Path:
 
 @pytest.mark.realtree
 def test_the_series_with_the_backports_applies_exactly_in_order(patched_tree):
-    # oldest first: the three backports, one commit each, in series order (later patches follow them)
+    # oldest first: the four backports, one commit each, in series order (PT-0109 came last)
     log = run_git(patched_tree, "log", "--reverse", "--format=%s").stdout.splitlines()
     backports = [s for s in log if s.startswith(("serialization: weights_only=True", "weights_only: SETITEM",
-                                                 "jit: refuse None"))]
-    assert [s.split(":")[0] for s in backports] == ["serialization", "weights_only", "jit"], backports
+                                                 "jit: refuse None", "fx: never write a Python keyword"))]
+    assert [s.split(":")[0] for s in backports] == ["serialization", "weights_only", "jit", "fx"], backports
     text = (patched_tree / "torch" / "serialization.py").read_text()
     assert "Weights only load refused: this file is a TorchScript archive" in text
     assert "declares {numel} bytes, but its record in the archive holds" in text
     assert "_check_setitem_target" in (patched_tree / "torch" / "_weights_only_unpickler.py").read_text()
     assert "py::isinstance<PythonFutureWrapper>(obj)" in (
         patched_tree / "torch" / "csrc" / "jit" / "python" / "pybind_utils.cpp").read_text()
+    assert "return name.isidentifier() and not keyword.iskeyword(name)" in (
+        patched_tree / "torch" / "fx" / "graph.py").read_text()
 
 
 @pytest.mark.realtree
@@ -120,15 +123,23 @@ def test_backports_proven_on_debian_torch(patched_tree, system_torch_python, tmp
     assert unpickler["details"]["SETITEM on a tensor"] == "loaded: element 0 is 7.0"
     assert stock["security.cve_2025_2148"]["status"] == "fail"
     assert stock["security.cve_2025_2148"]["message"].startswith("killed by SIG"), stock["security.cve_2025_2148"]
+    fx = stock["security.cve_2025_55553"]
+    assert fx["status"] == "fail" and fx["finding"] and "SyntaxError (CVE-2025-55553)" in fx["message"], fx
+    assert fx["details"]["random_(3, 7) under make_fx"] == (
+        "SyntaxError: invalid syntax: random_ = torch.ops.aten.random_.from(clone, 3, 7);  clone = None")
+    assert fx["details"]["uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"].startswith(
+        "SyntaxError: invalid syntax: uniform_ = x.uniform_(from = 2.0")
 
     hook = tmp_path / "override"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_override_hook())
     serialization = patched_tree / "torch" / "serialization.py"
     unpickler_file = patched_tree / "torch" / "_weights_only_unpickler.py"
+    fx_graph = patched_tree / "torch" / "fx" / "graph.py"
     env = {"PYTHONPATH": str(hook), "PATCHER_MODULE_OVERRIDES":
-           f"torch.serialization={serialization};torch._weights_only_unpickler={unpickler_file}"}
-    patched = run_probe(system_torch_python, "security.cve_2025_32434,security.cve_2026_24747",
+           f"torch.serialization={serialization};torch._weights_only_unpickler={unpickler_file};"
+           f"torch.fx.graph={fx_graph}"}
+    patched = run_probe(system_torch_python, "security.cve_2025_32434,security.cve_2026_24747,security.cve_2025_55553",
                         tmp_path / "patched.json", env)
     load = patched["security.cve_2025_32434"]
     assert load["status"] == "pass", load
@@ -139,3 +150,9 @@ def test_backports_proven_on_debian_torch(patched_tree, system_torch_python, tmp
     assert unpickler["details"]["module_file"]["torch._weights_only_unpickler"] == str(unpickler_file)
     assert "declares 262144 bytes, but its record in the archive holds 16" in unpickler["details"]["oversized storage"]
     assert "Can only set items of dict objects" in unpickler["details"]["SETITEM on a tensor"]
+    fx = patched["security.cve_2025_55553"]
+    assert fx["status"] == "pass", fx
+    assert fx["details"]["module_file"] == {"torch.fx.graph": str(fx_graph)}
+    assert fx["details"]["random_(3, 7) under make_fx"] == "compiled; 256 draws in 3..6"
+    assert fx["details"]["uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"] == (
+        "compiled; 256 draws in [2, 3]")

@@ -40,6 +40,11 @@ EXPECTED_DEBIAN = {
     "security.cve_2025_32434": ("fail", r"wrote the probe's marker file \(CVE-2025-32434\)$", True),
     "security.cve_2026_24747": ("fail", r"a storage larger than its record and SETITEM writing into a tensor", True),
     "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
+    # FX writes the keyword `from` into generated code: make_fx of random_(3, 7) and
+    # symbolic_trace of uniform_(from=...) both raise SyntaxError (PT-0109)
+    "security.cve_2025_55553": ("fail", r"named 'from' \(aten::random_\.from, make_fx\) and a keyword argument "
+                                r"named 'from' \(fx\.symbolic_trace\): the trace fails with a SyntaxError "
+                                r"\(CVE-2025-55553\)$", True),
 }
 for _id in all_check_ids():
     if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":

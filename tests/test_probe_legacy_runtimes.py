@@ -34,6 +34,9 @@ BYPASS_OPERATOR = (r"^parse_type_line evaluated a type comment that reaches Pyth
                    r"comparison on a resolved object \(pytorch#151233\)$")
 MARKER = r"^torch\.load\(weights_only=True\) ran code from a TorchScript archive: it wrote the probe's marker file \(CVE-2025-32434\)$"
 UNPICKLER = r"^the weights_only loader accepted a storage larger than its record and SETITEM writing into a tensor \(CVE-2026-24747\)$"
+FX_FROM = (r"^FX generated code that does not compile for an operator overload named 'from' \(aten::random_\.from, "
+           r"make_fx\) and a keyword argument named 'from' \(fx\.symbolic_trace\): the trace fails with a SyntaxError "
+           r"\(CVE-2025-55553\)$")
 
 
 def _needs(check_id: str, version: str) -> str:
@@ -56,6 +59,7 @@ RUNTIMES = {
         "security.cve_2025_32434": ("skip", None, False),
         "security.cve_2026_24747": ("skip", None, False),
         "security.cve_2025_2148": ("skip", None, False),
+        "security.cve_2025_55553": ("skip", None, False),
     }),
     "torch-1.8.1-py3.8": ("1.8.1+cu102", "3.8", {
         "env.fingerprint": ("pass", r"^$", False),
@@ -69,6 +73,7 @@ RUNTIMES = {
         "security.cve_2025_32434": ("skip", None, False),
         "security.cve_2026_24747": ("skip", None, False),
         "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
+        "security.cve_2025_55553": ("skip", None, False),  # no make_fx before 1.13's gate
     }),
 }
 for _name, _version in (("torch-2.0.1-py3.8", "2.0.1+cu117"), ("torch-2.1.2-py3.8", "2.1.2+cu121")):
@@ -85,6 +90,7 @@ for _name, _version in (("torch-2.0.1-py3.8", "2.0.1+cu117"), ("torch-2.1.2-py3.
         "security.cve_2025_32434": ("fail", MARKER, True),
         "security.cve_2026_24747": ("fail", UNPICKLER, True),
         "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
+        "security.cve_2025_55553": ("fail", FX_FROM, True),
     })
 
 

@@ -137,6 +137,11 @@ EXPECTED_TRIXIE = {
     "security.cve_2026_24747": ("fail", r"a storage larger than its record and SETITEM writing into a tensor",
                                 True),  # PT-0107
     "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),  # PT-0108
+    # FX still writes the keyword `from` into generated code (aten::random_.from, `from = ...`):
+    # both traces raise SyntaxError; no 2.6.0 series carries PT-0109
+    "security.cve_2025_55553": ("fail", r"named 'from' \(aten::random_\.from, make_fx\) and a keyword argument "
+                                r"named 'from' \(fx\.symbolic_trace\): the trace fails with a SyntaxError "
+                                r"\(CVE-2025-55553\)$", True),
 }
 for _id in all_check_ids():
     if _id.split(".")[0] in ("maxpool2d", "determinism") or _id == "env.arch_coverage":
@@ -145,6 +150,21 @@ for _id in all_check_ids():
 
 def test_every_check_has_an_expectation():
     assert set(EXPECTED_TRIXIE) == set(all_check_ids())
+
+
+def test_the_exploitable_assessments_are_the_probes_findings():
+    """An advisory assessed `exploitable` for 2.6.0 names probe checks, and the probe run on
+    Debian's python3-torch 2.6.0 (below) must see each of them fail."""
+    seen = 0
+    for adv in advisories.load().advisories:
+        a = adv.assess.get(TORCH)
+        if a is None or a.state != "exploitable":
+            continue
+        assert a.probes, adv.id
+        for check_id in a.probes:
+            seen += 1
+            assert EXPECTED_TRIXIE[check_id][0] == "fail", (adv.id, check_id)
+    assert seen >= 1
 
 
 @pytest.mark.docker

@@ -3,7 +3,7 @@
 python3-torch 1.13.1, the unpatched release; every selected test's outcome is asserted against
 tests/data/upstream-tests/debian-1.13.1.json.
 
-Then the Python-level patches (PT-0101, PT-0106, PT-0107) are loaded into the same torch in
+Then the Python-level patches (PT-0101, PT-0106, PT-0107, PT-0109) are loaded into the same torch in
 place of the installed files (the sitecustomize hook of test_catalog_security.py): their
 selections must pass, PT-0101's own regression test included, which fails on the unpatched
 release; and a failure the patched run shares with the unpatched one is marked known.
@@ -35,7 +35,8 @@ EXPECTATIONS = Path(__file__).parent / "data" / "upstream-tests" / "debian-1.13.
 RECORD = os.environ.get("PATCHER_RECORD_UPSTREAM_TESTS") == "1"
 PT0101_TEST = "test_jit.py::TestScript::test_non_type_expressions_in_type_annotations"
 PYTHON_LEVEL = {"PT-0101": ["torch/jit/annotations.py"], "PT-0106": ["torch/serialization.py"],
-                "PT-0107": ["torch/_weights_only_unpickler.py", "torch/serialization.py"]}
+                "PT-0107": ["torch/_weights_only_unpickler.py", "torch/serialization.py"],
+                "PT-0109": ["torch/fx/graph.py"]}
 
 
 def _digest(nodes) -> str:
@@ -138,6 +139,6 @@ def test_the_series_selection_on_debian_torch(realtree_checkout, system_torch_py
     assert judged.passed, [(n.node, n.message) for n in judged.failures]
     checks = {c["id"]: c["status"] for c in judged.probe_checks()}
     assert checks == {"upstream.PT-0101": "pass", "upstream.PT-0106": "pass", "upstream.PT-0107": "pass",
-                      "upstream.smoke": "pass"}
+                      "upstream.PT-0109": "pass", "upstream.smoke": "pass"}
     print(f"  Python-level patches loaded: {patched.summary()} in {patched.duration_s:.1f} s; known failures "
           f"{sorted(known)} (baseline {baseline.duration_s:.1f} s)")

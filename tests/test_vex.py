@@ -75,7 +75,7 @@ def certified_1_13_1(tmp_path, torch_wheel):
     data["checks"] += [{"id": i, "status": "pass"} for i in (
         "security.cve_2022_45907", "security.cve_2022_45907_bypass", "security.cve_2025_3730",
         "security.cve_2024_31580", "security.cve_2024_31583", "security.cve_2025_32434",
-        "security.cve_2026_24747", "security.cve_2025_2148")]
+        "security.cve_2026_24747", "security.cve_2025_2148", "security.cve_2025_55553")]
     data["checks"].append({"id": "security.cve_2025_2953", "status": "skip",
                            "message": "this torch is built without MKL-DNN (oneDNN): the affected kernel is absent"})
     report.write_text(json.dumps(data))
@@ -88,7 +88,7 @@ def test_the_1_13_1_cpu_vex_resolves_every_backport_with_pedigree(certified_1_13
     _validate(doc)
     states = {v["id"]: v for v in doc["vulnerabilities"]}
     for cve, patch in (("CVE-2025-32434", "PT-0106"), ("CVE-2026-24747", "PT-0107"), ("CVE-2025-2148", "PT-0108"),
-                       ("CVE-2022-45907", "PT-0101"), ("CVE-2024-31583", "PT-0105")):
+                       ("CVE-2022-45907", "PT-0101"), ("CVE-2024-31583", "PT-0105"), ("CVE-2025-55553", "PT-0109")):
         v = states[cve]
         assert v["analysis"]["state"] == "resolved_with_pedigree", cve
         assert {"name": "patcher:patch-id", "value": patch} in v["properties"]
@@ -100,10 +100,10 @@ def test_the_1_13_1_cpu_vex_resolves_every_backport_with_pedigree(certified_1_13
     high_open = sorted(v["id"] for v in doc["vulnerabilities"]
                        if v["analysis"]["state"] in ("exploitable", "in_triage")
                        and max((r["score"] for r in v.get("ratings", [])), default=0) >= 7.0)
-    assert high_open == ["CVE-2025-55553"]
+    assert high_open == []
     counts = {p["name"]: p["value"] for p in doc["metadata"]["properties"] if p["name"].startswith("patcher:count:")}
-    assert counts == {"patcher:count:resolved": "8", "patcher:count:not_affected": "12",
-                      "patcher:count:exploitable": "0", "patcher:count:in_triage": "11",
+    assert counts == {"patcher:count:resolved": "9", "patcher:count:not_affected": "12",
+                      "patcher:count:exploitable": "0", "patcher:count:in_triage": "10",
                       "patcher:count:false_positive": "1"}
 
 

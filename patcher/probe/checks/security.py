@@ -1,4 +1,4 @@
-"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0108).
+"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0109).
 
 Each check feeds the vulnerable entry point a harmless trigger and passes when the input is
 refused cleanly.  A stock torch that still has the defect fails the check; the checks are not
@@ -588,3 +588,79 @@ def cve_2025_2148(ctx):
         return {"none_future": "refused: %s: %s" % (type(exc).__name__, _first_line(exc))}
     raise Finding("_call_end_callbacks_on_jit_fut accepted None for its Future argument",
                   {"none_future": "accepted"})
+
+
+# --- CVE-2025-55553: FX writes the Python keyword `from` into the code it generates ------------
+# make_fx (torch/fx/experimental/proxy_tensor.py) records x.random_(a, b) as aten::random_.from;
+# FX then spells that target torch.ops.aten.random_.from and a keyword argument `from` as
+# "from = ...", and the GraphModule's source does not compile: the trace dies with a SyntaxError.
+def _fx_trace(trace):
+    """(graph module, None), or (None, 'SyntaxError ...') when the generated source does not compile."""
+    try:
+        return trace(), None
+    except SyntaxError as exc:
+        line = (exc.text or "").strip()
+        return None, "SyntaxError: %s%s" % (exc.msg, (": " + line[:200]) if line else "")
+
+
+def _draws_within(out, low, high, integral):
+    values = out.tolist()
+    if not values:
+        return False
+    if integral:
+        return all(low <= v < high and v == int(v) for v in values)
+    return all(low <= v <= high for v in values)
+
+
+def _draw_from_to(x):
+    return x.clone().random_(3, 7)
+
+
+def _uniform_from_keyword(x):
+    return x.uniform_(**{"from": 2.0, "to": 3.0})
+
+
+def _add_one(x):
+    return x.clone().add_(1)
+
+
+@check("security.cve_2025_55553", torch=">=1.13", device="cpu", patches=("PT-0109",), required=False,
+       isolate=True, timeout=120)
+def cve_2025_55553(ctx):
+    """Tracing x.random_(from, to) with make_fx, and a call with a `from` keyword with FX, must give
+    code that compiles and runs (stock torch: a SyntaxError out of the trace)."""
+    torch = ctx.torch
+    try:
+        from torch.fx.experimental.proxy_tensor import make_fx
+    except ImportError:
+        raise Skip("this torch has no torch.fx.experimental.proxy_tensor.make_fx") from None
+    # control: an ordinary in-place op traces, compiles and runs
+    control = make_fx(_add_one)(torch.zeros(4))
+    if control(torch.zeros(3)).tolist() != [1.0, 1.0, 1.0]:
+        raise Fail("make_fx of x.clone().add_(1) did not give a working graph")
+    details = {"module_file": _module_files(["torch.fx.graph"])}
+    found = []
+    # 1. aten::random_.from, the overload x.random_(from, to) dispatches to (the reported crash)
+    what = "random_(3, 7) under make_fx"
+    gm, error = _fx_trace(lambda: make_fx(_draw_from_to)(torch.zeros(4)))
+    if error is not None:
+        details[what] = error
+        found.append("an operator overload named 'from' (aten::random_.from, make_fx)")
+    else:
+        if not _draws_within(gm(torch.zeros(256)), 3, 7, True):
+            raise Fail("the traced x.random_(3, 7) drew values outside the integers 3..6")
+        details[what] = "compiled; 256 draws in 3..6"
+    # 2. a keyword argument named `from` (Tensor.uniform_'s), recorded by FX's own tracer
+    what = "uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"
+    gm, error = _fx_trace(lambda: torch.fx.symbolic_trace(_uniform_from_keyword))
+    if error is not None:
+        details[what] = error
+        found.append("a keyword argument named 'from' (fx.symbolic_trace)")
+    else:
+        if not _draws_within(gm(torch.zeros(256)), 2.0, 3.0, False):
+            raise Fail("the traced uniform_(from=2.0, to=3.0) drew values outside [2, 3]")
+        details[what] = "compiled; 256 draws in [2, 3]"
+    if found:
+        raise Finding("FX generated code that does not compile for %s: the trace fails with a "
+                      "SyntaxError (CVE-2025-55553)" % " and ".join(found), details)
+    return details
