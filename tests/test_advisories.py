@@ -137,6 +137,25 @@ def test_a_wheel_without_the_patch_is_exploitable_and_a_failed_probe_is_in_triag
     assert "not run" in found["CVE-2025-2148"].detail
 
 
+def test_fx_keyword_codegen_is_assessed_wherever_torch_fx_exists(data):
+    # CVE-2025-55553: the defect is in torch.fx's code generator (torch/fx/graph.py), reached by
+    # make_fx (proxy_tensor.py, 1.13 on) and by fx.symbolic_trace (1.8 on): 1.8.1 has no
+    # proxy_tensor.py but is exploitable all the same; only 1.4.0 (no torch.fx) is not affected
+    adv = next(a for a in data.advisories if a.id == "CVE-2025-55553")
+    for release, a in adv.assess.items():
+        if release == "1.4.0":
+            assert (a.state, a.justification, tuple(a.absent)) == ("not_affected", "code_not_present", ("torch/fx",))
+        else:
+            assert a.state in ("exploitable", "resolved") and list(a.probes) == ["security.cve_2025_55553"], release
+    old = adv.assess["1.8.1"]
+    assert old.state == "exploitable" and old.wheel is None and not old.absent
+    assert "fx.symbolic_trace" in old.detail and "tests/test_probe_legacy_runtimes.py on PyPI's wheel" in old.detail
+    found = _findings(data, torch="1.8.1")
+    assert found["CVE-2025-55553"].state == "exploitable"
+    assert advisories.counts(found.values()) == {"resolved": 0, "not_affected": 14, "exploitable": 6,
+                                                 "in_triage": 11, "false_positive": 1}
+
+
 def test_releases_without_assessments_are_in_triage_or_outside_every_range(data):
     found = _findings(data, torch="2.1.2", cuda="12.1")
     # CVE-2025-3000 (C++, the TorchScript compiler) is not assessed for 2.1.2

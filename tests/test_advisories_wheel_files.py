@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "fetch-legacy-wheels.s
 RELEASES = ("1.4.0", "1.8.1", "2.0.1", "2.1.2")
 # claims (a path or a text absent) per release: 2.1.2 has torch.compile and torch.export, so every
 # advisory of Python code is present there and none rests on absence
-CLAIMS = {"1.4.0": 41, "1.8.1": 35, "2.0.1": 3, "2.1.2": 0}
+CLAIMS = {"1.4.0": 41, "1.8.1": 34, "2.0.1": 3, "2.1.2": 0}
 
 
 def _pinned_torch_wheels() -> dict[str, tuple[str, str]]:

@@ -129,6 +129,8 @@ def test_backports_proven_on_debian_torch(patched_tree, system_torch_python, tmp
         "SyntaxError: invalid syntax: random_ = torch.ops.aten.random_.from(clone, 3, 7);  clone = None")
     assert fx["details"]["uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"].startswith(
         "SyntaxError: invalid syntax: uniform_ = x.uniform_(from = 2.0")
+    assert fx["details"]["routes"] == {"an operator overload named 'from' (aten::random_.from, make_fx)": "found",
+                                       "a keyword argument named 'from' (fx.symbolic_trace)": "found"}
 
     hook = tmp_path / "override"
     hook.mkdir()
@@ -156,3 +158,5 @@ def test_backports_proven_on_debian_torch(patched_tree, system_torch_python, tmp
     assert fx["details"]["random_(3, 7) under make_fx"] == "compiled; 256 draws in 3..6"
     assert fx["details"]["uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"] == (
         "compiled; 256 draws in [2, 3]")
+    assert fx["details"]["routes"] == {"an operator overload named 'from' (aten::random_.from, make_fx)": "not found",
+                                       "a keyword argument named 'from' (fx.symbolic_trace)": "not found"}

@@ -37,6 +37,10 @@ UNPICKLER = r"^the weights_only loader accepted a storage larger than its record
 FX_FROM = (r"^FX generated code that does not compile for an operator overload named 'from' \(aten::random_\.from, "
            r"make_fx\) and a keyword argument named 'from' \(fx\.symbolic_trace\): the trace fails with a SyntaxError "
            r"\(CVE-2025-55553\)$")
+# 1.8 has torch.fx but no make_fx (torch/fx/experimental/proxy_tensor.py came in 1.13): FX's own
+# tracer writes `from = 2.0` all the same
+FX_FROM_KEYWORD = (r"^FX generated code that does not compile for a keyword argument named 'from' "
+                   r"\(fx\.symbolic_trace\): the trace fails with a SyntaxError \(CVE-2025-55553\)$")
 
 
 def _needs(check_id: str, version: str) -> str:
@@ -59,7 +63,7 @@ RUNTIMES = {
         "security.cve_2025_32434": ("skip", None, False),
         "security.cve_2026_24747": ("skip", None, False),
         "security.cve_2025_2148": ("skip", None, False),
-        "security.cve_2025_55553": ("skip", None, False),
+        "security.cve_2025_55553": ("skip", None, False),  # no torch.fx before 1.8
     }),
     "torch-1.8.1-py3.8": ("1.8.1+cu102", "3.8", {
         "env.fingerprint": ("pass", r"^$", False),
@@ -73,7 +77,7 @@ RUNTIMES = {
         "security.cve_2025_32434": ("skip", None, False),
         "security.cve_2026_24747": ("skip", None, False),
         "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
-        "security.cve_2025_55553": ("skip", None, False),  # no make_fx before 1.13's gate
+        "security.cve_2025_55553": ("fail", FX_FROM_KEYWORD, True),
     }),
 }
 for _name, _version in (("torch-2.0.1-py3.8", "2.0.1+cu117"), ("torch-2.1.2-py3.8", "2.1.2+cu121")):
@@ -169,6 +173,25 @@ def test_every_check_outcome(legacy_run, capsys):
         print(f"\nprobe on Python {report['environment']['python']['version']} + torch "
               f"{report['environment']['torch']['version']}: {summary['pass']} pass, {summary['skip']} skip, "
               f"{findings} findings, {summary['error']} error ({report['duration_s']:.1f} s)")
+
+
+def test_the_fx_check_says_which_route_found_the_keyword(legacy_run):
+    """CVE-2025-55553 has two routes into FX's code generator: make_fx (from 1.13) and
+    fx.symbolic_trace (torch.fx, from 1.8); the check's details say what each route gave."""
+    name, _, _, report = legacy_run
+    entry = {c["id"]: c for c in report["checks"]}["security.cve_2025_55553"]
+    make_fx = "an operator overload named 'from' (aten::random_.from, make_fx)"
+    symbolic = "a keyword argument named 'from' (fx.symbolic_trace)"
+    if name == "torch-1.4.0-py3.6":
+        assert entry["status"] == "skip" and entry["details"] is None
+    elif name == "torch-1.8.1-py3.8":
+        assert entry["details"]["routes"] == {
+            make_fx: "not run: this torch has no torch.fx.experimental.proxy_tensor", symbolic: "found"}
+        assert "random_(3, 7) under make_fx" not in entry["details"]
+        assert entry["details"]["uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"].startswith(
+            "SyntaxError: invalid syntax: uniform_ = x.uniform_(from = 2.0")
+    else:
+        assert entry["details"]["routes"] == {make_fx: "found", symbolic: "found"}, entry["details"]
 
 
 def test_the_exploitable_assessments_are_found(legacy_run):

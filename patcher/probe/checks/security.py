@@ -591,9 +591,25 @@ def cve_2025_2148(ctx):
 
 
 # --- CVE-2025-55553: FX writes the Python keyword `from` into the code it generates ------------
-# make_fx (torch/fx/experimental/proxy_tensor.py) records x.random_(a, b) as aten::random_.from;
-# FX then spells that target torch.ops.aten.random_.from and a keyword argument `from` as
-# "from = ...", and the GraphModule's source does not compile: the trace dies with a SyntaxError.
+# Two routes to the same defect in FX's code generator (torch/fx/graph.py), which writes the
+# target and the keyword arguments of each node as Python source:
+# * make_fx (torch/fx/experimental/proxy_tensor.py, from 1.13) records x.random_(a, b) as
+#   aten::random_.from, spelled torch.ops.aten.random_.from (the reported crash);
+# * FX's own tracer, fx.symbolic_trace (torch.fx, from 1.8), records a keyword argument `from`
+#   (Tensor.uniform_'s) as "from = ...".
+# Either way the GraphModule's source does not compile: the trace dies with a SyntaxError.
+MAKE_FX_ROUTE = "an operator overload named 'from' (aten::random_.from, make_fx)"
+SYMBOLIC_TRACE_ROUTE = "a keyword argument named 'from' (fx.symbolic_trace)"
+
+
+def _has_module(name):
+    """Whether the module ``name`` exists here (without importing it; a missing parent package is absence)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
 def _fx_trace(trace):
     """(graph module, None), or (None, 'SyntaxError ...') when the generated source does not compile."""
     try:
@@ -624,42 +640,59 @@ def _add_one(x):
     return x.clone().add_(1)
 
 
-@check("security.cve_2025_55553", torch=">=1.13", device="cpu", patches=("PT-0109",), required=False,
+def _fx_control(name, trace, torch):
+    """An ordinary in-place op must trace, compile and run under ``name`` first."""
+    control = trace(_add_one)
+    if control(torch.zeros(3)).tolist() != [1.0, 1.0, 1.0]:
+        raise Fail("%s of x.clone().add_(1) did not give a working graph" % name)
+
+
+@check("security.cve_2025_55553", torch=">=1.8", device="cpu", patches=("PT-0109",), required=False,
        isolate=True, timeout=120)
 def cve_2025_55553(ctx):
-    """Tracing x.random_(from, to) with make_fx, and a call with a `from` keyword with FX, must give
-    code that compiles and runs (stock torch: a SyntaxError out of the trace)."""
+    """Tracing x.random_(from, to) with make_fx (where torch.fx.experimental.proxy_tensor exists,
+    1.13 on), and a call with a `from` keyword with fx.symbolic_trace (wherever torch.fx exists,
+    1.8 on), must give code that compiles and runs (stock torch: a SyntaxError out of the trace)."""
     torch = ctx.torch
-    try:
+    if not _has_module("torch.fx"):
+        raise Skip("this torch has no torch.fx")
+    fx = importlib.import_module("torch.fx")
+    make_fx = None
+    if _has_module("torch.fx.experimental.proxy_tensor"):
         from torch.fx.experimental.proxy_tensor import make_fx
-    except ImportError:
-        raise Skip("this torch has no torch.fx.experimental.proxy_tensor.make_fx") from None
-    # control: an ordinary in-place op traces, compiles and runs
-    control = make_fx(_add_one)(torch.zeros(4))
-    if control(torch.zeros(3)).tolist() != [1.0, 1.0, 1.0]:
-        raise Fail("make_fx of x.clone().add_(1) did not give a working graph")
-    details = {"module_file": _module_files(["torch.fx.graph"])}
+    # controls: an ordinary in-place op traces, compiles and runs under each tracer used below
+    _fx_control("fx.symbolic_trace", fx.symbolic_trace, torch)
+    if make_fx is not None:
+        _fx_control("make_fx", lambda fn: make_fx(fn)(torch.zeros(4)), torch)
+    details = {"module_file": _module_files(["torch.fx.graph"]), "routes": {}}
     found = []
     # 1. aten::random_.from, the overload x.random_(from, to) dispatches to (the reported crash)
     what = "random_(3, 7) under make_fx"
-    gm, error = _fx_trace(lambda: make_fx(_draw_from_to)(torch.zeros(4)))
-    if error is not None:
-        details[what] = error
-        found.append("an operator overload named 'from' (aten::random_.from, make_fx)")
+    if make_fx is None:
+        details["routes"][MAKE_FX_ROUTE] = "not run: this torch has no torch.fx.experimental.proxy_tensor"
     else:
-        if not _draws_within(gm(torch.zeros(256)), 3, 7, True):
-            raise Fail("the traced x.random_(3, 7) drew values outside the integers 3..6")
-        details[what] = "compiled; 256 draws in 3..6"
+        gm, error = _fx_trace(lambda: make_fx(_draw_from_to)(torch.zeros(4)))
+        if error is not None:
+            details[what] = error
+            details["routes"][MAKE_FX_ROUTE] = "found"
+            found.append(MAKE_FX_ROUTE)
+        else:
+            if not _draws_within(gm(torch.zeros(256)), 3, 7, True):
+                raise Fail("the traced x.random_(3, 7) drew values outside the integers 3..6")
+            details[what] = "compiled; 256 draws in 3..6"
+            details["routes"][MAKE_FX_ROUTE] = "not found"
     # 2. a keyword argument named `from` (Tensor.uniform_'s), recorded by FX's own tracer
     what = "uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"
-    gm, error = _fx_trace(lambda: torch.fx.symbolic_trace(_uniform_from_keyword))
+    gm, error = _fx_trace(lambda: fx.symbolic_trace(_uniform_from_keyword))
     if error is not None:
         details[what] = error
-        found.append("a keyword argument named 'from' (fx.symbolic_trace)")
+        details["routes"][SYMBOLIC_TRACE_ROUTE] = "found"
+        found.append(SYMBOLIC_TRACE_ROUTE)
     else:
         if not _draws_within(gm(torch.zeros(256)), 2.0, 3.0, False):
             raise Fail("the traced uniform_(from=2.0, to=3.0) drew values outside [2, 3]")
         details[what] = "compiled; 256 draws in [2, 3]"
+        details["routes"][SYMBOLIC_TRACE_ROUTE] = "not found"
     if found:
         raise Finding("FX generated code that does not compile for %s: the trace fails with a "
                       "SyntaxError (CVE-2025-55553)" % " and ".join(found), details)
