@@ -647,6 +647,21 @@ def _fx_control(name, trace, torch):
         raise Fail("%s of x.clone().add_(1) did not give a working graph" % name)
 
 
+def _fx_route(details, found, route, what, trace, draws_ok, compiled_text, wrong_draws):
+    """Trace one route: a SyntaxError out of the trace is the defect found (``found`` gets the
+    route); a graph that compiles must also draw within the range it was given."""
+    gm, error = _fx_trace(trace)
+    if error is not None:
+        details[what] = error
+        details["routes"][route] = "found"
+        found.append(route)
+        return
+    if not draws_ok(gm):
+        raise Fail(wrong_draws)
+    details[what] = compiled_text
+    details["routes"][route] = "not found"
+
+
 @check("security.cve_2025_55553", torch=">=1.8", device="cpu", patches=("PT-0109",), required=False,
        isolate=True, timeout=120)
 def cve_2025_55553(ctx):
@@ -667,32 +682,18 @@ def cve_2025_55553(ctx):
     details = {"module_file": _module_files(["torch.fx.graph"]), "routes": {}}
     found = []
     # 1. aten::random_.from, the overload x.random_(from, to) dispatches to (the reported crash)
-    what = "random_(3, 7) under make_fx"
     if make_fx is None:
         details["routes"][MAKE_FX_ROUTE] = "not run: this torch has no torch.fx.experimental.proxy_tensor"
     else:
-        gm, error = _fx_trace(lambda: make_fx(_draw_from_to)(torch.zeros(4)))
-        if error is not None:
-            details[what] = error
-            details["routes"][MAKE_FX_ROUTE] = "found"
-            found.append(MAKE_FX_ROUTE)
-        else:
-            if not _draws_within(gm(torch.zeros(256)), 3, 7, True):
-                raise Fail("the traced x.random_(3, 7) drew values outside the integers 3..6")
-            details[what] = "compiled; 256 draws in 3..6"
-            details["routes"][MAKE_FX_ROUTE] = "not found"
+        _fx_route(details, found, MAKE_FX_ROUTE, "random_(3, 7) under make_fx",
+                  lambda: make_fx(_draw_from_to)(torch.zeros(4)),
+                  lambda gm: _draws_within(gm(torch.zeros(256)), 3, 7, True),
+                  "compiled; 256 draws in 3..6", "the traced x.random_(3, 7) drew values outside the integers 3..6")
     # 2. a keyword argument named `from` (Tensor.uniform_'s), recorded by FX's own tracer
-    what = "uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace"
-    gm, error = _fx_trace(lambda: fx.symbolic_trace(_uniform_from_keyword))
-    if error is not None:
-        details[what] = error
-        details["routes"][SYMBOLIC_TRACE_ROUTE] = "found"
-        found.append(SYMBOLIC_TRACE_ROUTE)
-    else:
-        if not _draws_within(gm(torch.zeros(256)), 2.0, 3.0, False):
-            raise Fail("the traced uniform_(from=2.0, to=3.0) drew values outside [2, 3]")
-        details[what] = "compiled; 256 draws in [2, 3]"
-        details["routes"][SYMBOLIC_TRACE_ROUTE] = "not found"
+    _fx_route(details, found, SYMBOLIC_TRACE_ROUTE, "uniform_(**{'from': 2.0, 'to': 3.0}) under fx.symbolic_trace",
+              lambda: fx.symbolic_trace(_uniform_from_keyword),
+              lambda gm: _draws_within(gm(torch.zeros(256)), 2.0, 3.0, False),
+              "compiled; 256 draws in [2, 3]", "the traced uniform_(from=2.0, to=3.0) drew values outside [2, 3]")
     if found:
         raise Finding("FX generated code that does not compile for %s: the trace fails with a "
                       "SyntaxError (CVE-2025-55553)" % " and ".join(found), details)
