@@ -21,9 +21,9 @@ host:
 	bash .ci/fetch-sources.sh
 	bash .ci/fetch-legacy-wheels.sh
 
-# CI runs `make test`, which compiles every unit the 1.13.1 series touches (its CUDA kernels with
-# Debian's nvcc 11.2); 2.6.0's compile check (a second builder and CUDA image, nvcc 12.4) would
-# take CI past its time on two cores and runs with `make test-slow`.
+# CI runs `make test`; the compile checks of every CUDA unit of a whole series (1.13.1's 20
+# determinism kernels, 2.6.0's series with nvcc 12.4) would take CI too close to its time on two
+# cores and run with `make test-slow`.
 test: host install
 	$(BIN)/pytest -m 'not full_compile' $(PYTEST_ARGS)
 
