@@ -99,7 +99,9 @@ NVCC_DIAG_SUPPRESS = ("cc_clobber_ignored", "integer_sign_change", "useless_usin
                       "base_class_has_different_dll_interface", "dll_interface_conflict_none_assumed",
                       "dll_interface_conflict_dllexport_assumed", "implicit_return_from_non_void_function",
                       "unsigned_compare_with_zero", "declared_but_not_referenced", "bad_friend_decl")
-NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS",
+# What every unit of torch_cuda gets in place of CPU_ONLY_DEFINES (.cu and .cpp alike).
+CUDA_LIBRARY_DEFINES = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS")
+NVCC_FIXED_FLAGS = (*CUDA_LIBRARY_DEFINES,
                     "-DCUDA_HAS_FP16=1", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                     "-D__CUDA_NO_HALF2_OPERATORS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
                     "-Wno-deprecated-gpu-targets", "--expt-extended-lambda", "--expt-relaxed-constexpr",
@@ -107,8 +109,6 @@ NVCC_FIXED_FLAGS = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_E
                     "-O3", "-DNDEBUG", "-Xcompiler=-fPIC")
 # Definitions of the CPU library that must not leak into a CUDA unit of another library.
 CPU_ONLY_DEFINES = ("-Dtorch_cpu_EXPORTS", "-DCAFFE2_BUILD_MAIN_LIB")
-# What torch_cuda's C++ units get in place of them.
-CUDA_LIBRARY_DEFINES = ("-DUSE_CUDA", "-DTORCH_CUDA_BUILD_MAIN_LIB", "-Dtorch_cuda_EXPORTS")
 # The headers a CUDA configure writes from templates (template -> place in the build dir).
 CUDA_CONFIGURED_HEADERS = {
     "aten/src/ATen/cuda/CUDAConfig.h.in": "aten/src/ATen/cuda/CUDAConfig.h",
@@ -377,10 +377,7 @@ def cuda_library_cpp_command(unit: str, reference: dict[str, Any], output: str) 
     out: list[str] = []
     args = iter(argv)
     for arg in args:
-        if arg == "-o":
-            next(args, None)
-            continue
-        if arg == "-c":
+        if arg in ("-o", "-c"):  # the reference's object and source: replaced below
             next(args, None)
             continue
         if arg in CPU_ONLY_DEFINES:
