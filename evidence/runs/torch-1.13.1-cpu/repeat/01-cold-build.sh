@@ -8,9 +8,11 @@ source "$(dirname "$0")/env.sh"
 mkdir -p "$RUN_DIR/steps"
 if [ -e "$STATE/work-cold" ]; then echo "$STATE/work-cold exists: remove it for a cold build" >&2; exit 1; fi
 docker volume rm "$VOLUME" >/dev/null 2>&1 || true   # cold: this run's own ccache volume starts empty
+# cold: no kept build tree either (--keep-build-tree keeps CMake and ninja state for the warm rebuild)
+docker volume ls -q --filter "name=patcher-tree-torch-1.13.1" | xargs -r docker volume rm >/dev/null
 
 command=("$PATCHER" build --torch 1.13.1 --cuda none --work "$STATE/work-cold" --jobs 2 \
-         --ccache-volume "$VOLUME" --probe-image "$RUNTIME_IMAGE" --probe-wheelhouse "$STATE/wheelhouse" --upstream-tests)
+         --ccache-volume "$VOLUME" --keep-build-tree --probe-image "$RUNTIME_IMAGE" --probe-wheelhouse "$STATE/wheelhouse" --upstream-tests)
 echo "${command[*]}" > "$STATE/cold-command.txt"
 "${command[@]}" 2>&1 | tee "$RUN_DIR/steps/01-cold-build.txt"
 

@@ -37,7 +37,7 @@ diff -u --label "patches/1.13.1/$p" --label "warm catalog: patches/1.13.1/$p" "$
   "$CATALOG/patches/1.13.1/$p" > "$RUN_DIR/warm-change.diff" || true
 
 command=(env "PATCHER_CATALOG=$CATALOG" "$PATCHER" build --torch 1.13.1 --cuda none --work "$STATE/work-warm" \
-         --jobs 2 --ccache-volume "$VOLUME" --until wheel)
+         --jobs 2 --ccache-volume "$VOLUME" --keep-build-tree --until wheel)
 echo "${command[*]}" > "$STATE/warm-command.txt"
 "${command[@]}" 2>&1 | tee "$RUN_DIR/steps/09-warm-build.txt"
 
