@@ -66,6 +66,9 @@ SERIES_UNITS = {
     "aten/src/ATen/native/cuda/Sorting.cpp": "c++",
     "aten/src/ATen/native/cuda/CumsumKernel.cu": "cuda",
     "aten/src/ATen/native/cuda/ScanKernels.cpp": "c++",
+    # PT-0230, PT-0231 (issue 18: scatter_reduce / scatter reduce=, index_reduce)
+    "aten/src/ATen/native/cuda/ScatterGatherKernel.cu": "cuda",
+    "aten/src/ATen/native/cuda/Indexing.cu": "cuda",
 }
 # PT-0903 and PT-0905 touch only a header each; the check compiles a unit that includes it.
 HEADER_UNITS = {

@@ -21,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-EXTENSIONS = ("build17", "build_losses", "build_reductions")
+EXTENSIONS = ("build17", "build_losses", "build_reductions", "build_scatter")
 
 
 def determinism_patch_ids():

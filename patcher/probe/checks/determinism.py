@@ -13,7 +13,8 @@ Each check measures two things:
 A pass means the operation is deterministic under the flag.  Anything else is a
 ``Finding``: an upstream gap, not required unless the wheel carries the patch that closes
 it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d, PT-0203 .. PT-0211 for pooling,
-padding, interpolation and unpooling, PT-0222 grid_sampler_3d: see OPERATIONS).  Without a flag (torch < 1.7)
+padding, interpolation and unpooling, PT-0222 grid_sampler_3d, PT-0230/PT-0231 the scatter and
+index reductions: see OPERATIONS).  Without a flag (torch < 1.7)
 the unflagged result decides.  The flag and its warn-only setting are restored afterwards.
 """
 
@@ -273,6 +274,13 @@ def op_scatter_reduce_prod(torch, device):
     return [torch.ones(64, 8, device=device).scatter_reduce_(0, index, src, "prod")]
 
 
+def op_scatter_multiply(torch, device):
+    # scatter_ with reduce="multiply": the same atomic products, without an alert in 1.13.1
+    src = 1 + 0.01 * _randn(torch, (1 << 16, 8), 65, device)
+    index = torch.randint(0, 64, (1 << 16, 8), generator=_generator(torch, 66)).to(device)
+    return [torch.ones(64, 8, device=device).scatter_(0, index, src, reduce="multiply")]
+
+
 def op_index_reduce_prod(torch, device):
     src = 1 + 0.01 * _randn(torch, (1 << 16, 8), 63, device)
     index = torch.randint(0, 64, (1 << 16,), generator=_generator(torch, 64)).to(device)
@@ -315,16 +323,18 @@ OPERATIONS = (
     ("median_indices", op_median_indices, "forward", ("PT-0220",)),
     ("cumsum", op_cumsum, "forward", ("PT-0221",)),
     ("cumsum_complex", op_cumsum_complex, "forward", ("PT-0221",)),
-    ("scatter_reduce_prod", op_scatter_reduce_prod, "forward", ()),
-    ("index_reduce_prod", op_index_reduce_prod, "forward", ()),
+    ("scatter_reduce_prod", op_scatter_reduce_prod, "forward", ("PT-0230",)),
+    ("scatter_multiply", op_scatter_multiply, "forward", ("PT-0230",)),
+    ("index_reduce_prod", op_index_reduce_prod, "forward", ("PT-0231",)),
 )
 
 
 # torch ranges narrower than ">=1.4": F.pad(mode="reflect") on 5-D input (reflection_pad3d)
 # first exists in 1.10; torch.complex (cumsum_complex) in 1.8; scatter_reduce_ and index_reduce_
-# with reduce="prod" are both in 1.13.
+# with reduce="prod" are both in 1.13; scatter_ with reduce="multiply" is older (1.7) but checked
+# from 1.13 with the scatter_reduce family its patch (PT-0230) covers.
 TORCH_RANGES = {"reflection_pad3d": ">=1.10", "cumsum_complex": ">=1.8", "scatter_reduce_prod": ">=1.13",
-                "index_reduce_prod": ">=1.13"}
+                "scatter_multiply": ">=1.13", "index_reduce_prod": ">=1.13"}
 
 
 # --- the deterministic flag across releases --------------------------------------------------
