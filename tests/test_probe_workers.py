@@ -138,3 +138,34 @@ def test_when_the_server_stops_the_probe_runs_the_rest_itself(system_torch_pytho
     assert got["site.stop_the_server"]["details"] == {"parent_was_server": False}
     assert got["security.cve_2025_2953"]["message"] == "killed by SIGFPE (exit -8)"
     assert got["env.fingerprint"]["status"] == "pass" and len(report["checks"]) == 3
+
+
+def test_trace_gives_the_timeline_of_every_worker_check_longest_groups_first(system_torch_python, tmp_path):
+    trace = tmp_path / "trace.json"
+    env_only = "env.fingerprint,security,site.after_crash,site.after_hang"
+    os.environ["PATCHER_PROBE_TRACE"] = str(trace)
+    try:
+        proc, _report, by_id = run_probe(system_torch_python, tmp_path, env_only)
+    finally:
+        del os.environ["PATCHER_PROBE_TRACE"]
+    timeline = json.loads(trace.read_text())
+    events = timeline["events"]
+    whats = [e["what"] for e in events]
+    assert whats[0] == "torch imported" and whats[-1] == "closed" and timeline["jobs"] >= 2
+    assert [e["t"] for e in events] == sorted(e["t"] for e in events)
+    submitted = [e["checks"] for e in events if e["what"] == "submit"]
+    assert [len(g) for g in submitted] == sorted((len(g) for g in submitted), reverse=True)
+    # the two modules of two checks each (site's, security's unisolated pair) before the single ones
+    assert sorted(submitted[:2]) == [["security.cve_2022_45907", "security.cve_2022_45907_bypass"],
+                                     ["site.after_crash", "site.after_hang"]]
+    assert all(len(group) == 1 for group in submitted[2:])
+    away = [check for group in submitted for check in group]
+    started = [e["id"] for e in events if e["what"] == "start"]
+    assert sorted(started) == sorted(away) and set(away) <= set(by_id)
+    assert not set(away) & {e["id"] for e in events if e["what"] == "here"}  # run here or in a worker, never both
+    assert "env.fingerprint" in {e["id"] for e in events if e["what"] == "here"}
+
+
+def test_without_the_variable_no_trace_is_written(system_torch_python, tmp_path):
+    run_probe(system_torch_python, tmp_path, "env.fingerprint,security.cve_2025_32434")
+    assert not list(tmp_path.glob("*.json"))

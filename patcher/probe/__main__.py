@@ -99,6 +99,8 @@ def main(argv=None):
         return EXIT_NO_TORCH
     if args.child:
         return run_child(args, torch)
+    if server is not None:
+        server.mark("torch imported")
 
     from .report import run_all, to_json, to_junit, to_table, write_atomic
 

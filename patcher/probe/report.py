@@ -53,11 +53,15 @@ def run_all(torch, patched_ids=(), budget=None, only=None, progress=None, server
         if server is not None:
             from . import workers
 
+            server.mark("context", has_cuda=bool(ctx.has_cuda))
             here, groups = workers.plan(specs, ctx)
             server.begin(ctx, started, budget)
             for group in groups:
                 server.submit(group)
+            server.mark("submitted")
         environment = collect_fingerprint(torch, ctx.has_cuda, cross_check=False)
+        if server is not None:
+            server.mark("fingerprint")
         checks = []
         for spec in specs:
             entry = server.entry(spec) if server is not None and spec.id not in here else None
@@ -65,6 +69,8 @@ def run_all(torch, patched_ids=(), budget=None, only=None, progress=None, server
                 remaining = None if budget is None else budget - (time.time() - started)
                 entry = framework.run_spec(spec, ctx, remaining)
             checks.append(entry)
+            if server is not None and spec.id in here:
+                server.mark("here", id=spec.id, status=entry["status"], seconds=entry.get("duration_s"))
             if progress is not None:
                 progress(entry)
     finally:

@@ -43,6 +43,9 @@ ISOLATION_ENV = "PATCHER_PROBE_ISOLATION"   # "spawn": no server (the way before
 # At most this many checks of one module per worker (0: a module's checks share one worker):
 # a long module, such as the determinism checks on a GPU, is the run's critical path.
 GROUP_SIZE_ENV = "PATCHER_PROBE_GROUP_SIZE"
+# A file to write the run's timeline into (JSON: seconds since the server started, per event):
+# where the probe's wall time goes, measured, not guessed.
+TRACE_ENV = "PATCHER_PROBE_TRACE"
 GRACE = 10.0        # seconds past an in-process time limit before the server kills the worker
 POLL = 0.02         # the server's loop period (child reaping, time limits)
 STDERR_TAIL = 4000  # bytes of a worker's stderr kept for the report of its death
@@ -73,6 +76,8 @@ def plan(specs, ctx):
                 groups.append(by_module[spec.module])
             by_module[spec.module].append(spec)
     groups = split_groups(groups, group_size())
+    # the longest groups first: the server forks in request order, at most ``jobs`` at a time
+    groups.sort(key=lambda group: -len(group))
     away = set(s.id for group in groups for s in group)
     return set(s.id for s in specs if s.id not in away), groups
 
@@ -104,6 +109,7 @@ class Server(object):
     """The probe's handle on the server: submit groups, then take each check's entry."""
 
     def __init__(self, jobs):
+        self.jobs = jobs
         root, package = framework.package_root_and_name()
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -124,6 +130,14 @@ class Server(object):
         self.started = None
         self.budget = None
         self.fatal = None
+        self.t0 = time.time()
+        self.trace = [] if os.environ.get(TRACE_ENV) else None
+
+    def mark(self, what, **fields):
+        """One timeline entry (only with PATCHER_PROBE_TRACE)."""
+        if self.trace is not None:
+            fields.update(t=round(time.time() - self.t0, 4), what=what)
+            self.trace.append(fields)
 
     def _read(self):
         for line in iter(self.proc.stdout.readline, b""):
@@ -141,6 +155,7 @@ class Server(object):
         group = {"ids": [s.id for s in specs], "done": set(), "running": None, "running_since": None}
         self.groups[gid] = group
         self.pending.update(group["ids"])
+        self.mark("submit", group=gid, checks=group["ids"])
         request = {"group": gid, "checks": group["ids"], "patched_ids": sorted(self.ctx.patched_ids),
                    "has_cuda": bool(self.ctx.has_cuda), "started": self.started, "budget": self.budget}
         try:
@@ -171,6 +186,7 @@ class Server(object):
         if group is None:
             return
         kind = event.get("event")
+        self.mark(kind, group=event.get("group"), id=event.get("id"))
         if kind == "start":
             group["running"], group["running_since"] = event["id"], time.time()
         elif kind == "done":
@@ -219,6 +235,13 @@ class Server(object):
             self.proc.wait()
         self.reader.join(timeout=10)
         self.proc.stdout.close()
+        if self.trace is not None:
+            self.mark("closed")
+            try:
+                with open(os.environ[TRACE_ENV], "w") as fh:
+                    json.dump({"jobs": self.jobs, "events": self.trace}, fh, indent=1)
+            except OSError as exc:
+                sys.stderr.write("probe: cannot write the trace: %s\n" % exc)
 
 
 def start_server(only=None, jobs=None):
