@@ -14,6 +14,10 @@ making of base images.  Two things:
   ``/etc/passwd``), a command runs with a timeout, logs follow to a callback, files come back
   out.  The container is removed on every way out of the ``with``: success, error, timeout,
   KeyboardInterrupt and (under :func:`patcher.util.interrupts_as_exceptions`) SIGTERM.
+  A process killed outright (SIGKILL, the machine's OOM killer) cannot remove its container, so
+  each container is labelled with its maker (``org.patcher.owner``: the boot id, PID and start
+  time of the process) and the first container a later patcher process makes on that engine
+  removes the containers whose maker, on this machine, is gone (one line on stderr names them).
 
 Failures of an operation raise :class:`ContainerError` (:class:`ContainerTimeout` for a
 timeout) with the engine's own one-line reason; each stage turns them into its own error class
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import tarfile
 import threading
 import time
@@ -50,6 +55,48 @@ class ContainerError(Exception):
 
 class ContainerTimeout(ContainerError):
     """The container's command ran past its time limit (it has been stopped)."""
+
+
+# "<boot id>/<pid namespace>:<pid>:<start time in clock ticks>" of the process that made it: the
+# PID means something only on that boot and in that PID namespace (patcher may run in a container)
+OWNER_LABEL = "org.patcher.owner"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        return ""
+    return f"{boot}/{namespace}" if boot and namespace.isdigit() else ""
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat); None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()[19]  # fields after the command name start at 3
+
+
+def owner_id(pid: int | None = None) -> str:
+    """This process's owner label value ('' where /proc cannot say: such containers are never reaped)."""
+    pid = os.getpid() if pid is None else pid
+    boot, start = _boot_id(), _start_ticks(pid)
+    return f"{boot}:{pid}:{start}" if boot and start else ""
+
+
+def owner_is_gone(value: str) -> bool:
+    """Whether the process a container's owner label names ran on this machine's current boot
+    and has ended (its PID gone, or reused by a process that started at another time)."""
+    boot, _, rest = value.partition(":")
+    pid, _, start = rest.partition(":")
+    if not boot or boot != _boot_id() or not pid.isdigit() or not start:
+        return False
+    return _start_ticks(int(pid)) != start
 
 
 def short_reason(exc: BaseException) -> str:
@@ -101,6 +148,7 @@ class Engine:
     """One connection to a Docker engine."""
 
     def __init__(self, client: docker.DockerClient, where: str):
+        self.reaped = False  # whether this engine's orphans were looked for by this process
         self.client = client
         self.where = where
         self._info: dict[str, Any] | None = None
@@ -274,6 +322,25 @@ class Engine:
             return []
         return [ContainerInfo(c["Id"], (c.get("Names") or ["/?"])[0].lstrip("/"), c.get("State", "")) for c in found]
 
+    def reap_orphans(self) -> list[str]:
+        """Remove every container whose maker (OWNER_LABEL) ran on this machine and is gone; the
+        names removed.  Never raises: a container that cannot go now is tried again next time."""
+        try:
+            found = self.client.api.containers(all=True, filters={"label": OWNER_LABEL})
+        except (docker.errors.APIError, requests.exceptions.RequestException):
+            return []
+        removed = []
+        for entry in found:
+            if owner_is_gone((entry.get("Labels") or {}).get(OWNER_LABEL, "")):
+                try:
+                    self.client.api.remove_container(entry["Id"], force=True)
+                except docker.errors.NotFound:
+                    pass
+                except (docker.errors.APIError, requests.exceptions.RequestException):
+                    continue
+                removed.append((entry.get("Names") or ["/?"])[0].lstrip("/"))
+        return removed
+
     def remove_container(self, container_id: str) -> None:
         try:
             self.client.api.remove_container(container_id, force=True)
@@ -327,6 +394,16 @@ class Container:
         requests_ = gpu_device_requests(cfg.gpus, self.engine.has_gpus() if cfg.gpus == "auto" else False)
         self.gpus_requested = requests_ is not None
         api = self.engine.client.api
+        if not self.engine.reaped:
+            self.engine.reaped = True
+            gone = self.engine.reap_orphans()
+            if gone:
+                print(f"patcher: removed {len(gone)} container(s) whose patcher process is gone: "
+                      f"{', '.join(sorted(gone))}", file=sys.stderr, flush=True)
+        labels = dict(cfg.labels)
+        owner = owner_id()
+        if owner:
+            labels[OWNER_LABEL] = owner
         try:
             host_config = api.create_host_config(
                 network_mode="bridge" if cfg.network else "none", init=True,
@@ -335,7 +412,7 @@ class Container:
                 device_requests=[docker.types.DeviceRequest(**_snake(r)) for r in requests_] if requests_ else None)
             created = api.create_container(
                 cfg.image, command=list(cfg.command), user=cfg.user or "", environment=dict(cfg.env),
-                working_dir=cfg.workdir, labels=dict(cfg.labels), name=cfg.name, host_config=host_config,
+                working_dir=cfg.workdir, labels=labels, name=cfg.name, host_config=host_config,
                 entrypoint=list(cfg.entrypoint) if cfg.entrypoint is not None else None,
                 network_disabled=not cfg.network)
         except docker.errors.ImageNotFound:

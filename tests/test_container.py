@@ -161,3 +161,70 @@ def test_a_missing_image_is_one_error(engine, no_leaks):
     with pytest.raises(ContainerError, match="is not on this engine"):
         with Container(engine, ContainerConfig(image="patcher-test/none:absent")):
             pass
+
+
+# --- containers whose maker was killed outright -----------------------------------------------------
+MAKER = """
+import sys, time
+from patcher.container import Container, ContainerConfig, Engine
+with Engine.connect() as engine:
+    container = Container(engine, ContainerConfig(image=sys.argv[1], labels={"org.patcher.test": sys.argv[2]},
+                                                  command=("sleep", "300")))
+    container.__enter__()
+    container.start()
+    print("started", flush=True)
+    time.sleep(300)
+"""
+
+
+def _maker(image: str, label: str):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", MAKER, image, label], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    return proc
+
+
+@pytest.mark.docker
+def test_a_container_whose_maker_was_killed_is_removed_by_the_next_container_made(
+        engine, bullseye_python_image, capfd):
+    import os
+
+    from patcher.container import OWNER_LABEL, owner_id, owner_is_gone
+
+    killed_label, alive_label = _labels(), _labels()
+    killed = _maker(bullseye_python_image.tag, killed_label["org.patcher.test"])
+    alive = _maker(bullseye_python_image.tag, alive_label["org.patcher.test"])
+    try:
+        killed.kill()  # SIGKILL: no __exit__, no finally; the container stays
+        killed.wait()
+        (orphan,) = engine.containers_with_label("org.patcher.test=" + killed_label["org.patcher.test"])
+        owner = engine.client.api.inspect_container(orphan.id)["Config"]["Labels"][OWNER_LABEL]
+        assert owner.split(":")[1] == str(killed.pid) and owner_is_gone(owner)
+        assert not owner_is_gone(owner_id(alive.pid)) and not owner_is_gone(owner_id(os.getpid()))
+        capfd.readouterr()
+        with Engine.connect() as fresh:  # a later patcher process: its first container reaps
+            with Container(fresh, ContainerConfig(image=bullseye_python_image.tag, labels=_labels())):
+                pass
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and "whose patcher process is gone" in err and orphan.name in err
+        assert _gone(engine, killed_label)
+        assert not _gone(engine, alive_label)  # its maker still runs: never touched
+    finally:
+        alive.kill()
+        alive.wait()
+        for found in engine.containers_with_label("org.patcher.test=" + alive_label["org.patcher.test"]):
+            engine.remove_container(found.id)
+    assert _gone(engine, alive_label)
+
+
+def test_an_owner_from_another_boot_or_namespace_or_unreadable_is_never_gone():
+    from patcher.container import owner_id, owner_is_gone
+
+    mine = owner_id()
+    boot, _, rest = mine.partition(":")
+    assert mine and not owner_is_gone(mine)
+    assert not owner_is_gone("another-boot/4026531836:" + rest)
+    assert not owner_is_gone(boot.split("/")[0] + "/1:" + rest)  # another PID namespace
+    assert not owner_is_gone("") and not owner_is_gone("garbage")
