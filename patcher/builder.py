@@ -485,9 +485,15 @@ def _drop_stages_from(b: Build, stage: str) -> None:
 
 def _remove_leftover_containers(b: Build) -> None:
     """Containers labelled with this work directory can only be left by a patcher process that
-    died without cleanup (SIGKILL): this one holds the directory's lock.  A stopped one is
-    removed; a running one is still building into the ccache volume, so a second build beside
-    it is refused."""
+    died without cleanup (SIGKILL): this one holds the directory's lock.  Those whose maker is
+    known to be gone (``container.OWNER_LABEL``) are removed first, running or not, as every
+    patcher process's first container does.  Of the rest (made by a patcher without that label),
+    a stopped one is removed; a running one may still be building into the ccache volume, so a
+    second build beside it is refused."""
+    if not b.engine.reaped:
+        b.engine.reaped = True
+        for name in b.engine.reap_orphans():
+            b.progress.note(f"removed container {name}: the patcher process that made it is gone")
     for found in b.engine.containers_with_label(f"{LABEL_WORK_DIR}={b.dir}"):
         if found.status in ("running", "paused", "restarting"):
             raise WorkDirError(
