@@ -21,9 +21,9 @@ host:
 	bash .ci/fetch-sources.sh
 	bash .ci/fetch-legacy-wheels.sh
 
-# CI runs `make test`; the compile checks of every CUDA unit of a whole series (1.13.1's 20
-# determinism kernels, 2.6.0's series with nvcc 12.4) would take CI too close to its time on two
-# cores and run with `make test-slow`.
+# CI runs `make test` (the 1.13.1 series' compile check of every unit included); the compile
+# check of 2.6.0's whole series with nvcc 12.4 would take CI too close to its time on two cores
+# and runs with `make test-slow`.
 test: host install
 	$(BIN)/pytest -m 'not full_compile' $(PYTEST_ARGS)
 

@@ -45,14 +45,13 @@ VARIANTS = {
 
 def main():
     results = {}
-    for round_ in (1, 2):
+    for _ in (1, 2):
         for name, extra in VARIANTS.items():
             env = dict(os.environ)
             for key in ("TORCH_SHOW_CPP_STACKTRACES", "TORCH_DISABLE_ADDR2LINE", "TORCH_SYMBOLIZE_MODE"):
                 env.pop(key, None)
             env.update(extra)
-            done = subprocess.run([sys.executable, "-c", CHILD], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, timeout=120)
+            done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, timeout=120)
             line = done.stdout.decode().strip().splitlines()
             results.setdefault(name, []).append(json.loads(line[-1]) if done.returncode == 0 and line
                                                 else {"error": done.stderr.decode()[-800:]})

@@ -23,7 +23,9 @@ pytest_plugins = [
 def _isolated_settings(monkeypatch, tmp_path):
     """No test reads the developer's own config or writes into ~/.cache."""
     for var in list(os.environ):
-        if var.startswith("PATCHER_") and var not in {"PATCHER_CI_CACHE"}:
+        # kept: the CI cache, and the switches that make a test write its run as committed evidence
+        if var.startswith("PATCHER_") and var not in {"PATCHER_CI_CACHE", "PATCHER_RECORD_COMPILE_CHECK",
+                                                      "PATCHER_RECORD_UPSTREAM_TESTS"}:
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("PATCHER_CACHE_DIR", str(tmp_path / "cache"))

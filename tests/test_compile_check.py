@@ -358,7 +358,6 @@ def _compile_1_13_1_series(patcher_cli, tmp_path, checkout, mirror, builder, uni
 @pytest.mark.docker
 @pytest.mark.realtree
 @pytest.mark.slow
-@pytest.mark.full_compile
 @pytest.mark.timeout(3600)
 def test_every_unit_of_the_1_13_1_series_compiles(patcher_cli, tmp_path, realtree_checkout, realtree_mirror,
                                                   builder_image_cpu_1131, no_leaks):
@@ -384,31 +383,6 @@ def test_the_recorded_whole_series_check_compiled_every_unit():
     assert list(report["series"]) == patches.load_series(REPO / "patches", "1.13.1").ids
     assert "release 11.2" in report["compilers"]["nvcc"] and len(report["gencode"]) == 2
     assert report["tree"] == "TREE" and "CONFIG" in report["command"]
-
-
-# What CI compiles of the 1.13.1 series: every patch but the determinism kernels of issues 17
-# and 18 (PT-0203 .. PT-0222). Their 20 further .cu units and two torch_cuda .cpp files make the
-# whole-series check (test_every_unit_of_the_1_13_1_series_compiles, `make test-slow`) take
-# about 15 minutes alone on two cores, against 9 for this subset, which takes CI too close to its
-# 90 minutes on its slower machine; evidence/compile-check-1.13.1-series.json is a whole run.
-CI_PATCHES = ("PT-0901", "PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105", "PT-0106", "PT-0107", "PT-0108",
-              "PT-0201", "PT-0202", "PT-0902", "PT-0903", "PT-0904", "PT-0905", "PT-0906")
-CI_UNITS = {path: SERIES_UNITS[path] for path in (
-    "aten/src/ATen/native/LossCTC.cpp", "aten/src/ATen/native/cuda/LossCTC.cu",
-    "aten/src/ATen/native/mkldnn/Utils.cpp", "torch/csrc/jit/runtime/vararg_functions.cpp",
-    "torch/csrc/jit/mobile/interpreter.cpp", "torch/csrc/jit/mobile/parse_bytecode.cpp",
-    "aten/src/ATen/native/cuda/AdaptiveMaxPooling2d.cu", "aten/src/ATen/native/cuda/GridSampler.cu",
-    "torch/csrc/jit/serialization/export.cpp", "torch/csrc/jit/serialization/onnx.cpp",
-    "torch/csrc/jit/passes/onnx/shape_type_inference.cpp", "torch/csrc/jit/python/pybind_utils.cpp")}
-
-
-@pytest.mark.docker
-@pytest.mark.realtree
-@pytest.mark.slow
-def test_the_1_13_1_series_compiles_but_for_the_later_determinism_kernels(
-        patcher_cli, tmp_path, realtree_checkout, realtree_mirror, builder_image_cpu_1131, no_leaks):
-    _compile_1_13_1_series(patcher_cli, tmp_path, realtree_checkout, realtree_mirror, builder_image_cpu_1131,
-                           CI_UNITS, CI_PATCHES)
 
 
 @pytest.mark.docker
