@@ -115,8 +115,17 @@ def test_a_timeout_stops_and_removes_the_container(engine, bullseye_python_image
     assert _gone(engine, labels)
 
 
+@pytest.fixture
+def sigint_raises():
+    """Python's own Ctrl-C handler, whatever the test run inherited: a run started as a background
+    job of a shell has SIGINT ignored, and a raised SIGINT would then do nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.docker
-def test_an_interrupt_inside_removes_the_container(engine, bullseye_python_image, no_leaks):
+def test_an_interrupt_inside_removes_the_container(engine, bullseye_python_image, no_leaks, sigint_raises):
     labels = _labels()
     with pytest.raises(KeyboardInterrupt):
         with Container(engine, ContainerConfig(image=bullseye_python_image.tag, labels=labels)) as container:
