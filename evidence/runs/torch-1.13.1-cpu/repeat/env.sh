@@ -2,7 +2,7 @@
 # Everything the run makes lives under $STATE (outside the checkout), except what
 # record_run.py copies into the run folder.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)
-RUN_DIR=$REPO/evidence/runs/torch-1.13.1-cpu
+RUN_DIR=${PATCHER_RUN_DIR:-$REPO/evidence/runs/torch-1.13.1-cpu}  # where the run is recorded
 STATE=${PATCHER_RUN_STATE:-/tmp/patcher-run-torch-1.13.1-cpu}
 PATCHER=$REPO/.venv/bin/patcher
 PY=$REPO/.venv/bin/python
