@@ -29,3 +29,24 @@ def _isolated_settings(monkeypatch, tmp_path):
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("PATCHER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _worktree_changes() -> set[str]:
+    import subprocess
+
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    return set(done.stdout.splitlines()) if done.returncode == 0 else set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_test_writes_into_the_checkout():
+    """No test leaves a file changed or added in the repository (a parser once wrote ./Dockerfile
+    whenever the tests ran from the root).  The recording switches write evidence on purpose."""
+    before = _worktree_changes()
+    yield
+    if any(os.environ.get(v) for v in ("PATCHER_RECORD_COMPILE_CHECK", "PATCHER_RECORD_UPSTREAM_TESTS",
+                                       "UPDATE_GOLDEN")):
+        return
+    changed = sorted(_worktree_changes() - before)
+    assert not changed, f"the tests changed the checkout: {changed}"

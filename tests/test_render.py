@@ -5,6 +5,7 @@ Regenerate the golden files after a deliberate change: UPDATE_GOLDEN=1 pytest te
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -60,14 +61,21 @@ def test_render_1_4_cuda_10_1_acceptance(patcher_cli):
     assert "--require-hashes" in text
 
 
+def _parser(text: str) -> DockerfileParser:
+    """A parser over ``text`` in memory: without a file object, setting its content writes a
+    ./Dockerfile (the repository's own, when the tests run from its root)."""
+    parser = DockerfileParser(fileobj=io.BytesIO())
+    parser.content = text
+    return parser
+
+
 def test_cpu_variant_has_no_cuda_and_runs_unprivileged():
     settings = Settings()
     text = render(resolve(settings, "1.13.1", cuda="none"), settings).text
     body = [ln for ln in text.splitlines() if "org.patcher.spec=" not in ln]
     assert not [ln for ln in body if "cuda" in ln.lower() and "USE_CUDA" not in ln]
     assert 'USE_CUDA="0"' in text
-    parser = DockerfileParser(fileobj=None)
-    parser.content = text
+    parser = _parser(text)
     users = [i["value"] for i in parser.structure if i["instruction"] == "USER"]
     assert users == ["1000:1000"]
     assert "useradd --create-home --home-dir /home/builder --uid 1000" in text
@@ -114,8 +122,7 @@ def test_golden_files_are_exactly_the_matrix_pairs():
 
 def test_golden_files_parse_and_pin_their_base():
     for torch, cuda in PAIRS:
-        parser = DockerfileParser(fileobj=None)
-        parser.content = golden_path(torch, cuda).read_text()
+        parser = _parser(golden_path(torch, cuda).read_text())
         instructions = [i["instruction"] for i in parser.structure]
         assert instructions.count("FROM") == 1 and instructions[-1] == "WORKDIR"
         assert re.search(r"@sha256:[0-9a-f]{64}$", parser.baseimage), parser.baseimage
