@@ -490,10 +490,8 @@ def _remove_leftover_containers(b: Build) -> None:
     patcher process's first container does.  Of the rest (made by a patcher without that label),
     a stopped one is removed; a running one may still be building into the ccache volume, so a
     second build beside it is refused."""
-    if not b.engine.reaped:
-        b.engine.reaped = True
-        for name in b.engine.reap_orphans():
-            b.progress.note(f"removed container {name}: the patcher process that made it is gone")
+    for name in b.engine.reap_orphans_once():
+        b.progress.note(f"removed container {name}: the patcher process that made it is gone")
     for found in b.engine.containers_with_label(f"{LABEL_WORK_DIR}={b.dir}"):
         if found.status in ("running", "paused", "restarting"):
             raise WorkDirError(

@@ -148,7 +148,7 @@ class Engine:
     """One connection to a Docker engine."""
 
     def __init__(self, client: docker.DockerClient, where: str):
-        self.reaped = False  # whether this engine's orphans were looked for by this process
+        self._reaped = False  # whether this process has looked for this engine's orphans
         self.client = client
         self.where = where
         self._info: dict[str, Any] | None = None
@@ -341,6 +341,13 @@ class Engine:
                 removed.append((entry.get("Names") or ["/?"])[0].lstrip("/"))
         return removed
 
+    def reap_orphans_once(self) -> list[str]:
+        """:meth:`reap_orphans` the first time this process asks; nothing (no engine call) after."""
+        if self._reaped:
+            return []
+        self._reaped = True
+        return self.reap_orphans()
+
     def remove_container(self, container_id: str) -> None:
         try:
             self.client.api.remove_container(container_id, force=True)
@@ -394,12 +401,10 @@ class Container:
         requests_ = gpu_device_requests(cfg.gpus, self.engine.has_gpus() if cfg.gpus == "auto" else False)
         self.gpus_requested = requests_ is not None
         api = self.engine.client.api
-        if not self.engine.reaped:
-            self.engine.reaped = True
-            gone = self.engine.reap_orphans()
-            if gone:
-                print(f"patcher: removed {len(gone)} container(s) whose patcher process is gone: "
-                      f"{', '.join(sorted(gone))}", file=sys.stderr, flush=True)
+        gone = self.engine.reap_orphans_once()
+        if gone:
+            print(f"patcher: removed {len(gone)} container(s) whose patcher process is gone: "
+                  f"{', '.join(sorted(gone))}", file=sys.stderr, flush=True)
         labels = dict(cfg.labels)
         owner = owner_id()
         if owner:
