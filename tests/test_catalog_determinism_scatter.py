@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_catalog_determinism import _added_text, _commit_message, _diff_lines
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
 PATCH_DIR = REPO_ROOT / "patches" / "1.13.1"
@@ -95,23 +97,6 @@ def test_the_probe_with_every_kernel_registered_passes_every_determinism_check()
         assert checks["determinism." + probe]["status"] == "pass", probe
     det = [c for c in report["checks"] if c["id"].startswith("determinism.")]
     assert det and all(c["status"] == "pass" for c in det)
-
-
-def _commit_message(patch: Path) -> list[str]:
-    head, sep, _ = patch.read_text().partition("\n---\n")
-    assert sep, "no '---' separator after the commit message"
-    lines = head.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Subject: "))
-    return lines[start:]
-
-
-def _diff_lines(patch: Path) -> list[str]:
-    text = patch.read_text()
-    return text[text.index("\ndiff --git ") + 1:].splitlines()
-
-
-def _added_text(patch: Path) -> str:
-    return "\n".join(line[1:] for line in _diff_lines(patch) if line.startswith("+") and not line.startswith("+++"))
 
 
 @pytest.mark.parametrize("name", sorted(PATCHES))
