@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_catalog_determinism import _added_text, _commit_message, _diff_lines
+from tests.test_catalog_determinism import _added_text, _commit_message, _removed_lines
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
@@ -128,7 +128,7 @@ def test_patch_carries_the_proved_kernel_under_the_flag(name):
     assert "at::cuda::cub::radix_sort_pairs<int64_t, int64_t>(" in added
     assert added.count("globalContext().deterministicAlgorithms()") == len(functions)
     # nothing of torch's own kernels is removed: the deterministic path is added before them
-    assert not [line for line in _diff_lines(patch) if line.startswith("-") and not line.startswith("---")]
+    assert not _removed_lines(patch)
 
 
 def test_the_series_lists_both_after_the_other_determinism_patches():
