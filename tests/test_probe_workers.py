@@ -140,14 +140,12 @@ def test_when_the_server_stops_the_probe_runs_the_rest_itself(system_torch_pytho
     assert got["env.fingerprint"]["status"] == "pass" and len(report["checks"]) == 3
 
 
-def test_trace_gives_the_timeline_of_every_worker_check_longest_groups_first(system_torch_python, tmp_path):
+def test_trace_gives_the_timeline_of_every_worker_check_longest_groups_first(system_torch_python, tmp_path,
+                                                                            monkeypatch):
     trace = tmp_path / "trace.json"
-    env_only = "env.fingerprint,security,site.after_crash,site.after_hang"
-    os.environ["PATCHER_PROBE_TRACE"] = str(trace)
-    try:
-        proc, _report, by_id = run_probe(system_torch_python, tmp_path, env_only)
-    finally:
-        del os.environ["PATCHER_PROBE_TRACE"]
+    monkeypatch.setenv("PATCHER_PROBE_TRACE", str(trace))
+    _proc, _report, by_id = run_probe(system_torch_python, tmp_path,
+                                      "env.fingerprint,security,site.after_crash,site.after_hang")
     timeline = json.loads(trace.read_text())
     events = timeline["events"]
     whats = [e["what"] for e in events]
