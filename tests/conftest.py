@@ -7,6 +7,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CI_CACHE = Path(os.environ.get("PATCHER_CI_CACHE", "/var/cache/patcher-ci"))
+# switches that make a test write its run into the checkout as committed evidence
+RECORDING_SWITCHES = ("PATCHER_RECORD_COMPILE_CHECK", "PATCHER_RECORD_UPSTREAM_TESTS")
 
 pytest_plugins = [
     "tests.fixtures.common",
@@ -23,9 +25,7 @@ pytest_plugins = [
 def _isolated_settings(monkeypatch, tmp_path):
     """No test reads the developer's own config or writes into ~/.cache."""
     for var in list(os.environ):
-        # kept: the CI cache, and the switches that make a test write its run as committed evidence
-        if var.startswith("PATCHER_") and var not in {"PATCHER_CI_CACHE", "PATCHER_RECORD_COMPILE_CHECK",
-                                                      "PATCHER_RECORD_UPSTREAM_TESTS"}:
+        if var.startswith("PATCHER_") and var != "PATCHER_CI_CACHE" and var not in RECORDING_SWITCHES:
             monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("PATCHER_CACHE_DIR", str(tmp_path / "cache"))
@@ -45,8 +45,7 @@ def _no_test_writes_into_the_checkout():
     whenever the tests ran from the root).  The recording switches write evidence on purpose."""
     before = _worktree_changes()
     yield
-    if any(os.environ.get(v) for v in ("PATCHER_RECORD_COMPILE_CHECK", "PATCHER_RECORD_UPSTREAM_TESTS",
-                                       "UPDATE_GOLDEN")):
+    if any(os.environ.get(v) for v in (*RECORDING_SWITCHES, "UPDATE_GOLDEN")):
         return
     changed = sorted(_worktree_changes() - before)
     assert not changed, f"the tests changed the checkout: {changed}"

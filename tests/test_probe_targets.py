@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from patcher.buildenv import LABEL_WORK_DIR
 from tests.fixtures.common import run_patcher
 from tests.fixtures.torch_env import write_wheel
 
@@ -153,7 +154,7 @@ def no_probe_containers(docker_client):
     running beside the tests (its own tests count them by work directory), not to this test."""
     yield
     left = [c for c in docker_client.containers.list(all=True, filters={"label": "org.patcher.probe=1"})
-            if "org.patcher.work-dir" not in (c.labels or {})]
+            if LABEL_WORK_DIR not in (c.labels or {})]
     assert not left, f"left behind: {[c.name for c in left]}"
 
 
