@@ -167,3 +167,13 @@ def test_trace_gives_the_timeline_of_every_worker_check_longest_groups_first(sys
 def test_without_the_variable_no_trace_is_written(system_torch_python, tmp_path):
     run_probe(system_torch_python, tmp_path, "env.fingerprint,security.cve_2025_32434")
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_the_report_stands(system_torch_python, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("PATCHER_PROBE_TRACE", str(tmp_path / "no-such-dir" / "trace.json"))
+    proc, report, by_id = run_probe(system_torch_python, tmp_path, "env.fingerprint,security.cve_2025_32434")
+    lines = [line for line in proc.stderr.splitlines() if "trace" in line]
+    assert len(lines) == 1 and lines[0].startswith("probe: cannot write the trace: ")
+    assert "Traceback" not in proc.stderr and set(by_id) == {"env.fingerprint", "security.cve_2025_32434"}
+    assert not (tmp_path / "no-such-dir").exists()
