@@ -33,8 +33,8 @@ printf '\n[overrides.images]\n"debian-bullseye" = "%s"\n' "$pinned" >> "$STATE/c
 echo "config $STATE/config.toml:"; cat "$STATE/config.toml"
 
 # 3. The runtime image (a fresh bullseye with Python 3.9 and the wheel's system libraries).
-docker build -q --build-arg "BASE=$BASE_TAG" -f "$RUN_DIR/repeat/runtime.Dockerfile" -t "$RUNTIME_IMAGE" \
-  "$RUN_DIR/repeat"
+docker build -q --build-arg "BASE=$BASE_TAG" -f "$REPEAT_DIR/runtime.Dockerfile" -t "$RUNTIME_IMAGE" \
+  "$REPEAT_DIR"
 
 # 4. The wheelhouse of the wheel's dependency, checked against its pinned hash.
 "$REPO/.venv/bin/pip" download --quiet --only-binary=:all: --python-version 3.9 --platform any --no-deps \

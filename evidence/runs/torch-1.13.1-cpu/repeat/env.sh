@@ -3,6 +3,7 @@
 # record_run.py copies into the run folder.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../../.." && pwd)
 RUN_DIR=${PATCHER_RUN_DIR:-$REPO/evidence/runs/torch-1.13.1-cpu}  # where the run is recorded
+REPEAT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)  # these scripts and the runtime image's Dockerfile
 STATE=${PATCHER_RUN_STATE:-/tmp/patcher-run-torch-1.13.1-cpu}
 PATCHER=$REPO/.venv/bin/patcher
 PY=$REPO/.venv/bin/python
