@@ -13,17 +13,18 @@ reported, as ``crashed``.
 
 MANIFEST (written by the host; paths relative to its directory):
     {"schema": 1, "tests_dir": "tree/test", "rootdir": "tree", "site_dir": "site",
-     "wheel_dir": "wheels", "wheels": {"3.6": [{"file", "sha256"}], ...},
+     "wheel_dir": "wheels", "wheels": {"3.6": [{"file", "sha256", "unless_importable"?}], ...},
      "jobs": N or null, "selections": [{"id", "args": [...], "timeout_s", "heavy"}]}
     Selections run in up to ``jobs`` pytest processes at once (null: one per CPU the runner may
     use, at most MAX_AUTO_JOBS), heavy ones first; each is its own process and crash boundary,
     and the result lists them in the manifest's order whatever order they finished in.
 RESULT: {"schema": 1, "error", "python", "python_version", "executable", "torch", "jobs",
-         "installed", "selections": [{"id", "args", "returncode", "duration_s", "collected",
+         "installed", "target_provided": [{"file", "module", "origin"}], "selections": [{"id", "args", "returncode", "duration_s", "collected",
          "nodes": [{"node", "outcome", "duration_s", "message"}], "output_tail", "error"}]}
 """
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -98,12 +99,32 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+def target_has(module):
+    """Where the target's own copy of a top-level module is, or None (the payload is not on sys.path here)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None and spec.origin else None
+
+
 def install(wheels, wheel_dir, site_dir):
-    """Check each wheel's sha256, then unpack it into site_dir (pure-Python wheels only)."""
+    """Check each wheel's sha256, then unpack it into site_dir (wheels without a .data directory).
+
+    A wheel marked ``unless_importable`` is left out where the target has that module itself
+    (numpy: the target's torch was built against its own).  Returns (installed, kept), kept
+    listing each left-out wheel with the target's module."""
     if os.path.isdir(site_dir):
         shutil.rmtree(site_dir)
     os.makedirs(site_dir)
-    installed = []
+    installed, kept = [], []
+    for wheel in list(wheels):
+        module = wheel.get("unless_importable")
+        origin = target_has(module) if module else None
+        if origin:
+            kept.append({"file": wheel["file"], "module": module, "origin": origin})
+    skipped = set(entry["file"] for entry in kept)
+    wheels = [w for w in wheels if w["file"] not in skipped]
     for wheel in wheels:  # every hash first: nothing is unpacked from a set that does not match
         path = os.path.join(wheel_dir, wheel["file"])
         if not os.path.isfile(path):
@@ -119,10 +140,10 @@ def install(wheels, wheel_dir, site_dir):
             for name in archive.namelist():
                 parts = name.split("/")
                 if name.startswith("/") or "\\" in name or ".." in parts or parts[0].endswith(".data"):
-                    raise RuntimeError("test dependency {} holds {!r}: not a plain pure-Python wheel".format(
+                    raise RuntimeError("test dependency {} holds {!r}: not a wheel the runner can unpack".format(
                         wheel["file"], name))
             archive.extractall(site_dir)
-    return installed
+    return installed, kept
 
 
 # --- running the selections -------------------------------------------------------------------
@@ -264,7 +285,8 @@ def main(argv):
         manifest = json.load(fh)
     version = "{}.{}".format(*sys.version_info[:2])
     result = {"schema": SCHEMA, "error": None, "python": sys.version.split()[0], "python_version": version,
-              "executable": sys.executable, "torch": None, "installed": [], "selections": []}
+              "executable": sys.executable, "torch": None, "installed": [], "target_provided": [],
+              "selections": []}
     started = time.time()
     try:
         wheels = manifest["wheels"].get(version)
@@ -272,7 +294,8 @@ def main(argv):
             raise RuntimeError("no pinned test dependencies for Python {} (pinned for {})".format(
                 version, ", ".join(sorted(manifest["wheels"]))))
         site_dir = os.path.join(base, manifest["site_dir"])
-        result["installed"] = install(wheels, os.path.join(base, manifest["wheel_dir"]), site_dir)
+        result["installed"], result["target_provided"] = install(wheels, os.path.join(base, manifest["wheel_dir"]),
+                                                                 site_dir)
         tests_dir = os.path.join(base, manifest["tests_dir"])
         rootdir = os.path.join(base, manifest["rootdir"])
         env = dict(os.environ)

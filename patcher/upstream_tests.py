@@ -10,13 +10,18 @@ How it runs:
 
 - The tree's ``test/`` (and its ``pytest.ini``) is copied into a private payload directory, so
   the tests never see the tree's own ``torch/`` sources and never write into the tree.
-- The test dependencies (pytest, expecttest, hypothesis and their own dependencies) come from a
-  wheelhouse pinned by sha256 in ``data/upstream-tests-requirements.txt``; ``build_wheelhouse``
-  fills one with ``pip download --require-hashes`` (pip's own index settings, or patcher's
-  ``pypi_index``).  Nothing is downloaded while the tests run.
+- The test dependencies (pytest, expecttest, hypothesis and their own dependencies, and numpy,
+  which PyTorch's test harness imports) come from a wheelhouse pinned by sha256 in
+  ``data/upstream-tests-requirements.txt``; ``build_wheelhouse`` fills one with ``pip download
+  --require-hashes`` (pip's own index settings, or patcher's ``pypi_index``), a binary wheel
+  per target interpreter (CPython, manylinux x86_64) where a project has no pure-Python one.
+  Nothing is downloaded while the tests run.
+- numpy is the target's own where it has one (``TARGET_FIRST``): a torch is built against the
+  numpy of its environment, and another one in front of it could break its C API.  The pinned
+  numpy serves a clean venv, such as the probe's venv for a built wheel.
 - ``patcher/upstream_runner.py`` is the part that runs in the target.  It follows the probe's
   rule (standard library only, Python 3.6 syntax): it checks each wheel's sha256 again, unpacks
-  the pure-Python wheels into the payload (no pip or venv needed in the target), then runs one
+  the wheels into the payload (no pip or venv needed in the target), then runs one
   ``python -m pytest`` child per selection.  The tests themselves cannot follow that rule, they
   are upstream's pytest/unittest programs: they run under the wheelhouse's pytest, in child
   processes, and nothing of the probe imports them.  The runner is also the pytest plugin that
@@ -46,7 +51,7 @@ from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from patcher.errors import UpstreamTestsFailedError, UpstreamTestsSetupError
 from patcher.patches import Series, UpstreamTest, parse_upstream_tests
@@ -55,6 +60,10 @@ SCHEMA = "patcher.upstream-tests/1"
 REQUIREMENTS = Path(__file__).resolve().parent / "data" / "upstream-tests-requirements.txt"
 RUNNER = Path(__file__).resolve().parent / "upstream_runner.py"
 PYTHONS = ("3.6", "3.7", "3.8", "3.9", "3.10", "3.11")  # the interpreters the pinned set serves
+PLATFORM = "manylinux2014_x86_64"  # binary wheels are for this platform (pip also takes older manylinux tags)
+# project -> the module that shows the target has its own copy; the runner then leaves the
+# pinned wheel out (see the module docstring)
+TARGET_FIRST = {"numpy": "numpy"}
 DEFAULT_TIMEOUT_S = 1200  # per selection
 SMOKE_ID = "smoke"
 
@@ -145,8 +154,24 @@ def _wheel_project(name: str) -> tuple[str, str] | None:
     return (canonicalize_name(parts[0]), parts[1]) if len(parts) >= 5 else None
 
 
+def serves(wheel_file: str, python: str) -> bool:
+    """Whether a wheel (by its file name's tags) installs into CPython ``python`` on ``PLATFORM``."""
+    try:
+        tags = parse_wheel_filename(wheel_file)[3]
+    except InvalidWheelFilename:
+        return False
+    major, minor = python.split(".")
+    interpreters = {f"cp{major}{minor}", f"py{major}{minor}", f"py{major}"}
+    abis = {"none", "abi3", f"cp{major}{minor}", f"cp{major}{minor}m"}
+    arch = PLATFORM.split("_", 1)[1]
+    return any(tag.interpreter in interpreters and tag.abi in abis
+               and (tag.platform == "any" or (tag.platform.startswith("manylinux") and tag.platform.endswith(arch)))
+               for tag in tags)
+
+
 def resolve_wheels(wheelhouse: Path, requirements: Path = REQUIREMENTS) -> dict[str, tuple[WheelFile, ...]]:
-    """For each supported Python, the wheelhouse files the pins ask for, each checked by sha256."""
+    """For each supported Python, the wheelhouse files the pins ask for, each checked by sha256
+    (a pin with binary wheels has one hash per interpreter; each Python gets the one it can use)."""
     house = Path(wheelhouse)
     if not house.is_dir():
         raise UpstreamTestsSetupError(f"the test wheelhouse {house} does not exist",
@@ -158,18 +183,24 @@ def resolve_wheels(wheelhouse: Path, requirements: Path = REQUIREMENTS) -> dict[
         if project is not None:
             digest = _sha256(path)
             by_hash[digest] = WheelFile(path.name, digest, *project)
-    chosen: dict[Pin, WheelFile] = {}
-    for pin in pins:
-        found = [by_hash[h] for h in pin.hashes if h in by_hash]
-        if not found:
-            named = [p.name for p in house.glob("*.whl") if _wheel_project(p.name) == (pin.name, pin.version)]
-            what = f"{named[0]} does not have a pinned sha256" if named else "is not in it"
-            raise UpstreamTestsSetupError(f"test dependency {pin.name}=={pin.version} {what} ({house})",
-                                          hint="rebuild the wheelhouse with build_wheelhouse")
-        if (found[0].project, found[0].version) != (pin.name, pin.version):
-            raise UpstreamTestsSetupError(f"{found[0].file} has the sha256 pinned for {pin.name}=={pin.version}")
-        chosen[pin] = found[0]
-    return {py: tuple(chosen[p] for p in pins if p.applies_to(py)) for py in PYTHONS}
+    resolved: dict[str, tuple[WheelFile, ...]] = {}
+    for python in PYTHONS:
+        chosen = []
+        for pin in (p for p in pins if p.applies_to(python)):
+            found = [by_hash[h] for h in pin.hashes if h in by_hash]
+            for wheel in found:
+                if (wheel.project, wheel.version) != (pin.name, pin.version):
+                    raise UpstreamTestsSetupError(f"{wheel.file} has the sha256 pinned for {pin.name}=={pin.version}")
+            usable = [w for w in found if serves(w.file, python)]
+            if not usable:
+                named = [p.name for p in house.glob("*.whl") if _wheel_project(p.name) == (pin.name, pin.version)
+                         and serves(p.name, python)]
+                what = f"{named[0]} does not have a pinned sha256" if named else f"for Python {python} is not in it"
+                raise UpstreamTestsSetupError(f"test dependency {pin.name}=={pin.version} {what} ({house})",
+                                              hint="rebuild the wheelhouse with build_wheelhouse")
+            chosen.append(usable[0])
+        resolved[python] = tuple(chosen)
+    return resolved
 
 
 def build_wheelhouse(dest: Path, requirements: Path = REQUIREMENTS, index_url: str | None = None,
@@ -183,23 +214,28 @@ def build_wheelhouse(dest: Path, requirements: Path = REQUIREMENTS, index_url: s
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     pins = read_requirements(requirements)
-    have = {_sha256(p) for p in dest.glob("*.whl")}
-    missing = [p for p in pins if not set(p.hashes) & have]
-    if missing:
+    have = {_sha256(p): p.name for p in dest.glob("*.whl")}
+    for python in PYTHONS:  # one pip run per interpreter that lacks a pinned wheel it can use
+        missing = [p for p in pins if p.applies_to(python)
+                   and not any(serves(have[h], python) for h in p.hashes if h in have)]
+        if not missing:
+            continue
         with tempfile.TemporaryDirectory(prefix="patcher-wheelhouse-") as tmp:
             req = Path(tmp) / "requirements.txt"
             req.write_text("".join(p.line() + "\n" for p in missing), encoding="utf-8")
             command = [*(pip or (sys.executable, "-m", "pip")), "download", "--quiet", "--no-deps",
                        "--only-binary=:all:", "--ignore-requires-python", "--require-hashes",
+                       "--python-version", python, "--implementation", "cp", "--platform", PLATFORM,
                        "--dest", str(dest), "-r", str(req)]
             if index_url:
                 command += ["--index-url", index_url]
             proc = subprocess.run(command, capture_output=True, text=True)
             if proc.returncode != 0:
                 lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-                raise UpstreamTestsSetupError(f"pip download of the test dependencies failed: "
+                raise UpstreamTestsSetupError(f"pip download of the test dependencies for Python {python} failed: "
                                               f"{lines[-1] if lines else proc.returncode}",
                                               hint="set PIP_INDEX_URL or patcher's pypi_index to a reachable index")
+        have = {_sha256(p): p.name for p in dest.glob("*.whl")}
     resolve_wheels(dest, requirements)
     return tuple(sorted(dest.glob("*.whl")))
 
@@ -277,6 +313,8 @@ class UpstreamTestReport:
     nodes: tuple[NodeResult, ...]
     error: str | None = None  # the run as a whole failed (no torch, no pinned set, ...)
     baseline: dict[str, Any] | None = None  # {"python", "torch_version", "nodes_run"} of the unpatched run
+    # (file, module, where the target has it): pinned wheels left out for the target's own copy
+    target_provided: tuple[tuple[str, str, str], ...] = ()
     schema: str = SCHEMA
 
     # -- verdicts -------------------------------------------------------------------------------
@@ -423,6 +461,7 @@ class UpstreamTestReport:
     def from_json(cls, data: dict[str, Any]) -> UpstreamTestReport:
         data = {k: v for k, v in data.items() if k not in ("passed", "summary")}
         data["wheels"] = tuple(tuple(w) for w in data["wheels"])
+        data["target_provided"] = tuple(tuple(w) for w in data.get("target_provided", ()))  # older reports lack it
         data["selections"] = tuple(SelectionResult(**{**s, "patches": tuple(s["patches"]), "args": tuple(s["args"])})
                                    for s in data["selections"])
         data["nodes"] = tuple(NodeResult(**n) for n in data["nodes"])
@@ -488,13 +527,20 @@ def prepare_payload(tree: Path, selections: Sequence[Selection], wheelhouse: Pat
     for wheel in {w for group in wheels.values() for w in group}:
         shutil.copy2(Path(wheelhouse) / wheel.file, dest / "wheels" / wheel.file)
     manifest = {"schema": 1, "tests_dir": "tree/test", "rootdir": "tree", "site_dir": "site", "wheel_dir": "wheels",
-                "wheels": {py: [{"file": w.file, "sha256": w.sha256} for w in group] for py, group in wheels.items()},
+                "wheels": {py: [_manifest_wheel(w) for w in group] for py, group in wheels.items()},
                 "jobs": jobs,
                 # the smoke selections hold most of the nodes: started first, they do not end up last alone
                 "selections": [{"id": s.id, "args": s.args(), "timeout_s": timeout_s,
                                 "heavy": SMOKE_ID in s.patches} for s in selections]}
     (dest / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
     return Payload(root=dest, selections=tuple(selections), tree=str(tree))
+
+
+def _manifest_wheel(wheel: WheelFile) -> dict[str, str]:
+    entry = {"file": wheel.file, "sha256": wheel.sha256}
+    if wheel.project in TARGET_FIRST:
+        entry["unless_importable"] = TARGET_FIRST[wheel.project]
+    return entry
 
 
 def _relative(node: str) -> str:
@@ -520,6 +566,7 @@ def report_from_result(result: dict[str, Any], selections: Sequence[Selection], 
         tree=tree, python=python, python_version=result.get("python", "?"), torch_version=torch.get("version"),
         torch_file=torch.get("file"), duration_s=result.get("duration_s", 0.0),
         wheels=tuple((w["file"], w["sha256"]) for w in result.get("installed", [])),
+        target_provided=tuple((w["file"], w["module"], w["origin"]) for w in result.get("target_provided", [])),
         selections=tuple(sel_results), nodes=tuple(nodes), error=result.get("error"))
 
 

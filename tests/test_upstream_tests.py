@@ -150,9 +150,11 @@ def test_the_runner_reports_every_outcome(python, demo_tree, wheelhouse, tmp_pat
     assert errors == {'test_demo.py -k "nothing_is_called_this"': "selects no test in this tree",
                       "test_demo.py::test_hang": "timed out after 10 s"}
     # the pinned set for this Python was installed, each file with its pinned sha256
-    pins = {p.name: p for p in ut.read_requirements()}
+    pinned: dict[str, set[str]] = {}
+    for pin in ut.read_requirements():
+        pinned.setdefault(pin.name, set()).update(pin.hashes)
     installed = {canonicalize_name(f.split("-")[0]): digest for f, digest in report.wheels}
-    assert all(digest in pins[name].hashes for name, digest in installed.items())
+    assert all(digest in pinned[name] for name, digest in installed.items())
     assert ("importlib-metadata" in installed) == (python == str(PYTHON36))
     assert not report.passed
     with pytest.raises(UpstreamTestsFailedError):
@@ -178,6 +180,73 @@ def test_a_failure_the_unpatched_release_shares_is_known(demo_tree, wheelhouse):
     assert check["id"] == "upstream.PT-0001" and check["status"] == "pass"
     assert "1 known failure(s) of the unpatched release" in check["message"]
     assert check["details"]["known_failures"][0]["node"] == "test_demo.py::TestDemo::test_fail"
+
+
+@pytest.mark.parametrize("file, python, expected", [
+    ("pytest-7.0.1-py3-none-any.whl", "3.6", True),
+    ("iniconfig-1.1.1-py2.py3-none-any.whl", "3.11", True),
+    ("numpy-1.19.5-cp36-cp36m-manylinux2010_x86_64.whl", "3.6", True),
+    ("numpy-1.19.5-cp36-cp36m-manylinux2010_x86_64.whl", "3.7", False),
+    ("numpy-1.23.5-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.11", True),
+    ("numpy-1.23.5-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl", "3.10", False),
+    ("numpy-1.23.5-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl", "3.11", False),
+    ("numpy-1.23.5-cp311-cp311-musllinux_1_1_x86_64.whl", "3.11", False),
+    ("numpy-1.23.5-cp311-cp311-win_amd64.whl", "3.11", False),
+    ("not-a-wheel.tar.gz", "3.11", False),
+])
+def test_which_wheel_serves_which_python(file, python, expected):
+    assert ut.serves(file, python) is expected
+
+
+def test_a_binary_pin_without_the_wheel_of_one_python_is_named(wheelhouse, tmp_path):
+    house = tmp_path / "house"
+    shutil.copytree(wheelhouse, house)
+    next(house.glob("numpy-1.23.5-cp39-*.whl")).unlink()
+    with pytest.raises(UpstreamTestsSetupError, match=r"test dependency numpy==1.23.5 for Python 3.9 is not in it"):
+        ut.resolve_wheels(house)
+
+
+NUMPY_TESTS = '''\
+import os
+
+import numpy
+
+
+def test_which_numpy():
+    print("NUMPY", numpy.__version__, numpy.__file__)
+    assert numpy.__version__ == os.environ["EXPECTED_NUMPY"], (numpy.__version__, numpy.__file__)
+'''
+
+
+@pytest.mark.parametrize("has_numpy", [False, True], ids=["clean-target", "target-with-numpy"])
+def test_numpy_is_the_targets_own_where_it_has_one(has_numpy, tmp_path, wheelhouse):
+    """Python 3.6 from pyenv has no numpy: the runner unpacks the pinned 1.19.5 (a binary wheel)
+    and the tests import it. Given a numpy of its own (here a stand-in on its path), the target
+    keeps it and the pinned wheel is left out, recorded as such."""
+    assert PYTHON36.is_file(), f"{PYTHON36} is missing: this machine kind's image carries pyenv's 3.6.15"
+    tree = tmp_path / "tree"
+    (tree / "test").mkdir(parents=True)
+    (tree / "test" / "test_numpy.py").write_text(NUMPY_TESTS)
+    fake = tmp_path / "standin"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    if has_numpy:
+        (fake / "numpy").mkdir()
+        (fake / "numpy" / "__init__.py").write_text("__version__ = '0.0+target'\n")
+    selections = ut.plan(None, smoke=False, extra=[("PT-0001", patches.parse_upstream_tests("test_numpy.py::test_which_numpy")[0])])
+    report = ut.run_upstream_tests(tree, str(PYTHON36), None, wheelhouse, selections=selections, timeout_s=120,
+                                   env={"PYTHONPATH": str(fake),
+                                        "EXPECTED_NUMPY": "0.0+target" if has_numpy else "1.19.5"})
+    assert report.error is None, report.error
+    assert report.outcomes() == {"test_numpy.py::test_which_numpy": "passed"}
+    numpy_wheel = "numpy-1.19.5-cp36-cp36m-manylinux2010_x86_64.whl"
+    installed = [f for f, _ in report.wheels]
+    if has_numpy:
+        assert report.target_provided == ((numpy_wheel, "numpy", str(fake / "numpy" / "__init__.py")),)
+        assert numpy_wheel not in installed
+    else:
+        assert report.target_provided == () and numpy_wheel in installed
+    assert ut.UpstreamTestReport.from_json(report.to_json()) == report
 
 
 def test_verdicts_and_probe_report_merge():
@@ -322,11 +391,16 @@ def test_requirements_pin_a_complete_set_for_every_python(wheelhouse):
 
     pins = ut.read_requirements()
     assert {p.name for p in pins} >= {"pytest", "expecttest", "hypothesis"}
-    assert all(len(p.hashes) == 1 and len(p.hashes[0]) == 64 for p in pins)
+    assert all(p.hashes and all(len(h) == 64 for h in p.hashes) for p in pins)
+    # one hash a pin, but for binary wheels: one a CPython the pin serves
+    assert [p.name for p in pins if len(p.hashes) > 1] == ["numpy"]
     resolved = ut.resolve_wheels(wheelhouse)
     assert set(resolved) == set(ut.PYTHONS)
     for python, wheels in resolved.items():
         have = {w.project: w.version for w in wheels}
+        assert len(have) == len(wheels), (python, wheels)  # one file a project
+        assert all(ut.serves(w.file, python) for w in wheels), (python, wheels)
+        assert have["numpy"] == {"3.6": "1.19.5", "3.7": "1.21.6"}.get(python, "1.23.5")
         env = {**default_environment(), "python_version": python, "python_full_version": python + ".0",
                "sys_platform": "linux", "extra": ""}
         for wheel in wheels:
