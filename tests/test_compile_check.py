@@ -43,7 +43,7 @@ SERIES_UNITS = {
     "aten/src/ATen/native/cuda/ReflectionPad.cu": "cuda",
     "aten/src/ATen/native/cuda/ReplicationPadding.cu": "cuda",
     "aten/src/ATen/native/cuda/UpSampleLinear1d.cu": "cuda",
-    "aten/src/ATen/native/cuda/UpSampleBilinear2d.cu": "cuda",
+    "aten/src/ATen/native/cuda/UpSampleBilinear2d.cu": "cuda",  # and PT-0232 (antialiased backward)
     "aten/src/ATen/native/cuda/UpSampleBicubic2d.cu": "cuda",
     "aten/src/ATen/native/cuda/UpSampleTrilinear3d.cu": "cuda",
     "aten/src/ATen/native/cuda/DilatedMaxPool3d.cu": "cuda",
@@ -95,6 +95,7 @@ def test_units_of_the_1_13_1_series_are_its_cpp_and_cu_files():
     by_path = {u.path: u.patches for u in units}
     assert by_path["aten/src/ATen/native/cuda/LossCTC.cu"] == ("PT-0102", "PT-0213")
     assert by_path["torch/csrc/jit/mobile/interpreter.cpp"] == ("PT-0105",)
+    assert by_path["aten/src/ATen/native/cuda/UpSampleBilinear2d.cu"] == ("PT-0208", "PT-0232")
     reasons = {o["path"]: o["reason"] for o in others}
     assert reasons["torch/jit/annotations.py"] == "not a translation unit"
     assert reasons["aten/src/ATen/native/mkldnn/Utils.h"] == "header"

@@ -36,7 +36,7 @@ EXPECTED_IDS = {
     "determinism.bincount", "determinism.cumsum",
     "determinism.bincount_unweighted", "determinism.kthvalue", "determinism.median_indices",
     "determinism.cumsum_complex", "determinism.scatter_reduce_prod", "determinism.index_reduce_prod",
-    "determinism.scatter_multiply",
+    "determinism.scatter_multiply", "determinism.interpolate_bilinear_aa", "determinism.interpolate_bicubic_aa",
     "security.cve_2022_45907", "security.cve_2022_45907_bypass", "security.cve_2025_3730",
     "security.cve_2025_2953", "security.cve_2024_31580", "security.cve_2024_31583",
     "security.cve_2025_32434", "security.cve_2026_24747", "security.cve_2025_2148",

@@ -21,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-EXTENSIONS = ("build17", "build_losses", "build_reductions", "build_scatter")
+EXTENSIONS = ("build17", "build_losses", "build_reductions", "build_scatter", "build_aa")
 
 
 def determinism_patch_ids():

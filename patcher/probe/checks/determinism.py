@@ -14,7 +14,7 @@ A pass means the operation is deterministic under the flag.  Anything else is a
 ``Finding``: an upstream gap, not required unless the wheel carries the patch that closes
 it (PT-0201 adaptive_max_pool2d, PT-0202 grid_sampler_2d, PT-0203 .. PT-0211 for pooling,
 padding, interpolation and unpooling, PT-0222 grid_sampler_3d, PT-0230/PT-0231 the scatter and
-index reductions: see OPERATIONS).  Without a flag (torch < 1.7)
+index reductions, PT-0232 antialiased interpolation: see OPERATIONS).  Without a flag (torch < 1.7)
 the unflagged result decides.  The flag and its warn-only setting are restored afterwards.
 """
 
@@ -142,6 +142,19 @@ def op_interpolate_bicubic(torch, device):
     x = _randn(torch, (8, 16, 48, 48), 46, device, True)
     out = torch.nn.functional.interpolate(x, scale_factor=2.5, mode="bicubic", align_corners=False)
     return _grads_of(torch, out, [x], 47)
+
+
+def op_interpolate_bilinear_aa(torch, device):
+    # antialiased downsampling (an image pipeline's resize): every output spans about 5x5 inputs
+    x = _randn(torch, (8, 32, 96, 96), 67, device, True)
+    out = torch.nn.functional.interpolate(x, size=(40, 40), mode="bilinear", align_corners=False, antialias=True)
+    return _grads_of(torch, out, [x], 68)
+
+
+def op_interpolate_bicubic_aa(torch, device):
+    x = _randn(torch, (8, 32, 96, 96), 69, device, True)
+    out = torch.nn.functional.interpolate(x, size=(40, 40), mode="bicubic", align_corners=False, antialias=True)
+    return _grads_of(torch, out, [x], 70)
 
 
 def op_interpolate_trilinear(torch, device):
@@ -305,6 +318,8 @@ OPERATIONS = (
     ("interpolate_bilinear", op_interpolate_bilinear, "backward", ("PT-0208",)),
     ("interpolate_bicubic", op_interpolate_bicubic, "backward", ("PT-0208",)),
     ("interpolate_trilinear", op_interpolate_trilinear, "backward", ("PT-0208",)),
+    ("interpolate_bilinear_aa", op_interpolate_bilinear_aa, "backward", ("PT-0232",)),
+    ("interpolate_bicubic_aa", op_interpolate_bicubic_aa, "backward", ("PT-0232",)),
     ("max_pool3d", op_max_pool3d, "backward", ("PT-0209",)),
     ("fractional_max_pool2d", op_fractional_max_pool2d, "backward", ("PT-0210",)),
     ("fractional_max_pool3d", op_fractional_max_pool3d, "backward", ("PT-0210",)),
@@ -332,9 +347,11 @@ OPERATIONS = (
 # torch ranges narrower than ">=1.4": F.pad(mode="reflect") on 5-D input (reflection_pad3d)
 # first exists in 1.10; torch.complex (cumsum_complex) in 1.8; scatter_reduce_ and index_reduce_
 # with reduce="prod" are both in 1.13; scatter_ with reduce="multiply" is older (1.7) but checked
-# from 1.13 with the scatter_reduce family its patch (PT-0230) covers.
+# from 1.13 with the scatter_reduce family its patch (PT-0230) covers; interpolate(antialias=True)
+# has a CUDA kernel from 1.12 (pytorch/pytorch#70930).
 TORCH_RANGES = {"reflection_pad3d": ">=1.10", "cumsum_complex": ">=1.8", "scatter_reduce_prod": ">=1.13",
-                "scatter_multiply": ">=1.13", "index_reduce_prod": ">=1.13"}
+                "scatter_multiply": ">=1.13", "index_reduce_prod": ">=1.13", "interpolate_bilinear_aa": ">=1.12",
+                "interpolate_bicubic_aa": ">=1.12"}
 
 
 # --- the deterministic flag across releases --------------------------------------------------
