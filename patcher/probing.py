@@ -372,17 +372,27 @@ def _engine(engine, docker_host: str | None):
 
 
 def probe_image(image: str, options: ProbeOptions | None = None, *, python: str = "python3", gpus: str = "auto",
-                engine=None, docker_host: str | None = None) -> ImageProbe:
-    """Run the probe with ``python`` inside a fresh container of a local ``image``."""
+                engine=None, docker_host: str | None = None, upstream=None) -> ImageProbe:
+    """Run the probe with ``python`` inside a fresh container of a local ``image`` (its own
+    torch).  ``upstream``: a payload of patcher.upstream_tests, run after the probe with the
+    same ``python`` in the same container."""
     options = options or ProbeOptions()
     target = f"image {image}"
     script = (f"command -v {shlex.quote(python)} >/dev/null || {{ echo 'probe: no {python} in the image' >&2; "
-              f"exit 127; }}; " + _probe_command(python, options))
-    status, log, report, with_gpus, _ = _run_container(_engine(engine, docker_host), image, script,
-                                                       _probe_payload(), options, gpus, target)
+              f"exit 127; }}; " + _probe_command(python, options, then=upstream is not None))
+    extra: dict[str, Path] = {}
+    if upstream is not None:
+        script += _upstream_script(upstream, python, extra)
+    read_back = f"{UPSTREAM_DIR}/{upstream.result_name}" if upstream is not None else None
+    status, log, report, with_gpus, upstream_text = _run_container(
+        _engine(engine, docker_host), image, script, _probe_payload(extra), options, gpus, target, None, read_back)
     if status == 127:
         raise ProbeTargetError(f"{target} has no {python}", hint="probe an image that has Python and torch")
-    return ImageProbe(_report_from_run(status, log, report, target), with_gpus)
+    probed = _report_from_run(status, log, report, target)
+    ran_upstream = None
+    if upstream is not None:
+        ran_upstream = _upstream_result(upstream, upstream_text, f"{python} in image {image}", target)
+    return ImageProbe(probed, with_gpus, ran_upstream)
 
 
 def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOptions | None = None, *,
@@ -411,12 +421,7 @@ def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOpt
               f"{venv}/bin/python {pip} || exit {EXIT_PIP_FAILED}; "
               + _probe_command(f"{venv}/bin/python", options, then=upstream is not None))
     if upstream is not None:
-        # The probe's own status is the container's; the runner writes its result beside it.
-        runner = " ".join(shlex.quote(a) for a in upstream.command(f"{venv}/bin/python", UPSTREAM_DIR))
-        script += (f"; status=$?; cd {UPSTREAM_DIR} && env -u PYTHONPATH {runner} > {UPSTREAM_DIR}/runner.log 2>&1; "
-                   "exit $status")
-        extra.update({f"upstream/{path.relative_to(upstream.root).as_posix()}": path
-                      for path in sorted(upstream.root.rglob("*")) if path.is_file() and not path.is_symlink()})
+        script += _upstream_script(upstream, f"{venv}/bin/python", extra)
     target = f"a venv in image {image}"
     read_back = f"{UPSTREAM_DIR}/{upstream.result_name}" if upstream is not None else None
     status, log, report, with_gpus, upstream_text = _run_container(
@@ -430,13 +435,28 @@ def probe_wheel_in_image(wheel: str | os.PathLike, image: str, options: ProbeOpt
     probed = _report_from_run(status, log, report, target)
     ran_upstream = None
     if upstream is not None:
-        if upstream_text is None:
-            from patcher.errors import UpstreamTestsSetupError
-
-            raise UpstreamTestsSetupError(f"upstream's tests wrote no result in {target}",
-                                          hint="the runner's log is runner.log in the payload; it needs Python >= 3.6")
-        ran_upstream = upstream.read_result(f"{venv}/bin/python in image {image}", upstream_text)
+        ran_upstream = _upstream_result(upstream, upstream_text, f"{venv}/bin/python in image {image}", target)
     return ImageProbe(probed, with_gpus, ran_upstream)
+
+
+def _upstream_script(upstream, python: str, extra: dict[str, Path]) -> str:
+    """The shell that runs upstream's tests after the probe (``upstream``: a payload of
+    patcher.upstream_tests, added to ``extra``).  The probe's own status stays the container's;
+    the runner writes its result beside its payload."""
+    runner = " ".join(shlex.quote(a) for a in upstream.command(python, UPSTREAM_DIR))
+    extra.update({f"upstream/{path.relative_to(upstream.root).as_posix()}": path
+                  for path in sorted(upstream.root.rglob("*")) if path.is_file() and not path.is_symlink()})
+    return (f"; status=$?; cd {UPSTREAM_DIR} && env -u PYTHONPATH {runner} > {UPSTREAM_DIR}/runner.log 2>&1; "
+            "exit $status")
+
+
+def _upstream_result(upstream, text: str | None, python: str, target: str):
+    if text is None:
+        from patcher.errors import UpstreamTestsSetupError
+
+        raise UpstreamTestsSetupError(f"upstream's tests wrote no result in {target}",
+                                      hint="the runner's log is runner.log in the payload; it needs Python >= 3.6")
+    return upstream.read_result(python, text)
 
 
 # --- what the report proves of a series ------------------------------------------------------------

@@ -59,7 +59,7 @@ from patcher.patches import Series, UpstreamTest, parse_upstream_tests
 SCHEMA = "patcher.upstream-tests/1"
 REQUIREMENTS = Path(__file__).resolve().parent / "data" / "upstream-tests-requirements.txt"
 RUNNER = Path(__file__).resolve().parent / "upstream_runner.py"
-PYTHONS = ("3.6", "3.7", "3.8", "3.9", "3.10", "3.11")  # the interpreters the pinned set serves
+PYTHONS = ("3.6", "3.7", "3.8", "3.9", "3.10", "3.11", "3.12", "3.13")  # the interpreters the pinned set serves
 PLATFORM = "manylinux2014_x86_64"  # binary wheels are for this platform (pip also takes older manylinux tags)
 # project -> the module that shows the target has its own copy; the runner then leaves the
 # pinned wheel out (see the module docstring)

@@ -168,7 +168,7 @@ def test_docker_engine_unreachable():
 
 @pytest.mark.parametrize("args, fragment", [
     (["--python", "python3", "--upstream-tests"], "--upstream-tests needs --source TREE"),
-    (["--image", "anything", "--upstream-tests", "--source", "."], "a target of --python, or --wheel with --image"),
+    (["--wheel", "w.whl", "--upstream-tests", "--source", "."], "a target of --python, --image, or --wheel with"),
     (["--python", "python3", "--source", "."], "go with --upstream-tests"),
 ])
 def test_upstream_tests_flags_are_checked_before_anything_runs(args, fragment):

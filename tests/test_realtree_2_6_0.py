@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +187,62 @@ def test_the_probe_finds_the_defects_on_debians_2_6_0(trixie_torch_image, tmp_pa
     assert env["torch"]["path"] == "/usr/lib/python3/dist-packages/torch"
     required_failures = [c["id"] for c in report["checks"] if c["required"] and c["status"] in ("fail", "error")]
     assert result.exit_code == (0 if not required_failures else 50), result.stderr
+
+
+# --- upstream's own tests against Debian's python3-torch 2.6.0 -------------------------------------
+UPSTREAM_EXPECTATIONS = Path(__file__).parent / "data" / "upstream-tests" / "debian-2.6.0.json"
+
+
+@pytest.mark.docker
+@pytest.mark.realtree
+@pytest.mark.slow
+def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_torch_image, tmp_path):
+    """Issue 21 for 2.6.0: the series' Upstream-Tests and the smoke selection, from the real tree
+    with the series applied (the tests the patches add are there), run by `patcher probe --image
+    --upstream-tests` inside trixie's container (Python 3.13: the pinned set for 3.12+; Debian's
+    numpy is the target's own); every selection's outcomes asserted against the recorded ones.
+    Re-record: PATCHER_RECORD_UPSTREAM_TESTS=1 (as tests/test_upstream_tests_debian.py)."""
+    from patcher import upstream_tests as ut
+    from tests.test_upstream_tests import upstream_wheelhouse
+    from tests.test_upstream_tests_debian import RECORD, _expectation
+
+    series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
+    patches.apply_series(series, realtree_checkout_260)
+    assert ut.check_selections(realtree_checkout_260, ut.plan(series)) == []
+    cache = tmp_path / "cache"  # patcher's cache, with the CI cache's test wheelhouse in it
+    cache.mkdir()
+    os.symlink(upstream_wheelhouse(), cache / "upstream-tests-wheelhouse")
+    out = tmp_path / "report.json"
+    result = run_patcher("probe", "--image", trixie_torch_image.tag, "--only", "env.fingerprint", "--upstream-tests",
+                         "--source", realtree_checkout_260, "--torch", TORCH, "--json", out, timeout=2400,
+                         env={"PATCHER_CACHE_DIR": str(cache)})
+    assert out.is_file(), result.stderr
+    data = json.loads(out.read_text())
+    report = ut.UpstreamTestReport.from_json(data["upstream_tests"])
+    print(f"\nupstream tests on trixie's 2.6.0: {len(report.nodes)} nodes in {len(report.selections)} selections, "
+          f"{report.duration_s:.1f} s: {report.summary()}")
+    for sel in report.selections:
+        print(f"  {sel.duration_s:6.1f} s {sel.collected or 0:5d} {sel.selection}  [{', '.join(sel.patches)}]")
+    assert report.error is None, report.error
+    assert report.torch_version.startswith("2.6.0") and report.python_version.startswith("3.13.")
+    assert not report.selection_errors, [(s.selection, s.error, s.output_tail[-600:]) for s in report.selection_errors]
+    assert [(f.split("-")[0], m) for f, m, _ in report.target_provided] == [("numpy", "numpy")]
+    if RECORD:
+        UPSTREAM_EXPECTATIONS.parent.mkdir(parents=True, exist_ok=True)
+        recorded = {"what": "outcome of each selected upstream test: Debian's pytorch 2.6.0 tree with the 2.6.0 "
+                            "series applied, against trixie's python3-torch 2.6.0 in its container (unpatched)",
+                    "torch": report.torch_version, "python": report.python_version,
+                    "duration_s": report.duration_s,
+                    "selections": {s.selection: _expectation(report, s) for s in report.selections}}
+        UPSTREAM_EXPECTATIONS.write_text(json.dumps(recorded, indent=1) + "\n")
+    expected = json.loads(UPSTREAM_EXPECTATIONS.read_text())["selections"]
+    assert sorted(expected) == sorted(s.selection for s in report.selections)
+    for sel in report.selections:
+        assert _expectation(report, sel) == expected[sel.selection], sel.selection
+    for patch in series.patches:
+        assert report.for_patch(patch.id), f"{patch.id}: its Upstream-Tests select nothing in the real tree"
+    # the probe's verdict is upstream's: a failing selected test fails the run (exit 50)
+    assert result.exit_code == (0 if report.passed else 50), result.stderr
 
 
 # --- the real configure in the trixie builder -----------------------------------------------------

@@ -39,7 +39,7 @@ from patcher.util import write_atomic
 @click.option("--docker-host", default=None, metavar="URL", help="Docker engine (default: settings, DOCKER_HOST).")
 @click.option("--upstream-tests", is_flag=True,
               help="Also run upstream's own tests from --source against the target: the series' Upstream-Tests "
-                   "plus a smoke selection (with --python, or --wheel --image).")
+                   "plus a smoke selection (with --python, --image, or --wheel --image).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True), metavar="TREE",
               help="With --upstream-tests: the release's source tree (its test/ holds upstream's tests).")
 @click.option("--torch", "torch_version", metavar="V",
@@ -69,8 +69,9 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
     ids = tuple(sorted({p.strip() for p in patched_ids.split(",") if p.strip()}))
     options = probing.ProbeOptions(patched_ids=ids, budget=budget, only=only, timeout=timeout)
     if upstream_tests and (source is None or not (python is not None and wheel is None and image is None
-                                                  or wheel is not None and image is not None)):
-        raise click.UsageError("--upstream-tests needs --source TREE and a target of --python, or --wheel with --image")
+                                                  or image is not None)):
+        raise click.UsageError("--upstream-tests needs --source TREE and a target of --python, --image, "
+                               "or --wheel with --image")
     if (source or torch_version or baseline_python) and not upstream_tests:
         raise click.UsageError("--source, --torch and --baseline-python go with --upstream-tests")
     if image is not None:
@@ -86,7 +87,8 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
         elif wheel is not None:
             data = probing.probe_wheel(wheel, options, python=python or "python3", wheelhouse=wheelhouse).to_json()
         elif image is not None:
-            data = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host).report_json()
+            data = probing.probe_image(image, options, gpus=gpus, docker_host=docker_host,
+                                       upstream=upstream).report_json()
         else:
             data = probing.probe_python(python, options).to_json()
             if upstream_tests:
