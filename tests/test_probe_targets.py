@@ -170,6 +170,7 @@ def test_docker_engine_unreachable():
     (["--python", "python3", "--upstream-tests"], "--upstream-tests needs --source TREE"),
     (["--wheel", "w.whl", "--upstream-tests", "--source", "."], "a target of --python, --image, or --wheel with"),
     (["--python", "python3", "--source", "."], "go with --upstream-tests"),
+    (["--python", "python3", "--no-upstream-smoke"], "go with --upstream-tests"),
 ])
 def test_upstream_tests_flags_are_checked_before_anything_runs(args, fragment):
     result = run_patcher("probe", *args)

@@ -197,25 +197,28 @@ UPSTREAM_EXPECTATIONS = Path(__file__).parent / "data" / "upstream-tests" / "deb
 @pytest.mark.realtree
 @pytest.mark.slow
 def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_torch_image, tmp_path):
-    """Issue 21 for 2.6.0: the series' Upstream-Tests and the smoke selection, from the real tree
-    with the series applied (the tests the patches add are there), run by `patcher probe --image
-    --upstream-tests` inside trixie's container (Python 3.13: the pinned set for 3.12+; Debian's
-    numpy is the target's own); every selection's outcomes asserted against the recorded ones.
-    Re-record: PATCHER_RECORD_UPSTREAM_TESTS=1 (as tests/test_upstream_tests_debian.py)."""
+    """Issue 21 for 2.6.0: the series' Upstream-Tests from the real tree with the series applied
+    (the tests the patches add are there), run by `patcher probe --image --upstream-tests` inside
+    trixie's container (Python 3.13: the pinned set for 3.12+; Debian's numpy is the target's
+    own); every selection's outcomes asserted against the recorded ones.  Without the smoke
+    selection: its `test_autograd.py -k "TestAutograd and not DeviceType"` does not finish there
+    (processes forked from the pytest process go on running the suite; killed at the
+    selection's 1,200 s limit, measured 2026-12-02), while test_torch's and test_nn's ran in
+    34 s and 122 s.  Re-record: PATCHER_RECORD_UPSTREAM_TESTS=1 (as test_upstream_tests_debian.py)."""
     from patcher import upstream_tests as ut
     from tests.test_upstream_tests import upstream_wheelhouse
     from tests.test_upstream_tests_debian import RECORD, _expectation
 
     series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
     patches.apply_series(series, realtree_checkout_260)
-    assert ut.check_selections(realtree_checkout_260, ut.plan(series)) == []
+    assert ut.check_selections(realtree_checkout_260, ut.plan(series, smoke=False)) == []
     cache = tmp_path / "cache"  # patcher's cache, with the CI cache's test wheelhouse in it
     cache.mkdir()
     os.symlink(upstream_wheelhouse(), cache / "upstream-tests-wheelhouse")
     out = tmp_path / "report.json"
     result = run_patcher("probe", "--image", trixie_torch_image.tag, "--only", "env.fingerprint", "--upstream-tests",
-                         "--source", realtree_checkout_260, "--torch", TORCH, "--json", out, timeout=2400,
-                         env={"PATCHER_CACHE_DIR": str(cache)})
+                         "--no-upstream-smoke", "--source", realtree_checkout_260, "--torch", TORCH, "--json", out,
+                         timeout=1800, env={"PATCHER_CACHE_DIR": str(cache)})
     assert out.is_file(), result.stderr
     data = json.loads(out.read_text())
     report = ut.UpstreamTestReport.from_json(data["upstream_tests"])
@@ -227,6 +230,8 @@ def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_tor
     assert report.torch_version.startswith("2.6.0") and report.python_version.startswith("3.13.")
     assert not report.selection_errors, [(s.selection, s.error, s.output_tail[-600:]) for s in report.selection_errors]
     assert [(f.split("-")[0], m) for f, m, _ in report.target_provided] == [("numpy", "numpy")]
+    # every selected file was collected (an import error is a node named by its file alone)
+    assert [(n.node, n.message) for n in report.nodes if "::" not in n.node] == []
     if RECORD:
         UPSTREAM_EXPECTATIONS.parent.mkdir(parents=True, exist_ok=True)
         recorded = {"what": "outcome of each selected upstream test: Debian's pytorch 2.6.0 tree with the 2.6.0 "

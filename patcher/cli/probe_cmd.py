@@ -44,11 +44,14 @@ from patcher.util import write_atomic
               help="With --upstream-tests: the release's source tree (its test/ holds upstream's tests).")
 @click.option("--torch", "torch_version", metavar="V",
               help="With --upstream-tests: the release whose series names the tests (default: the target's torch).")
+@click.option("--upstream-smoke/--no-upstream-smoke", default=True, show_default=True,
+              help="With --upstream-tests: also the fixed smoke selection (test_torch / test_autograd / test_nn "
+                   "core classes), besides the series' own Upstream-Tests.")
 @click.option("--baseline-python", metavar="PATH",
               help="With --upstream-tests --python: an interpreter with the unpatched release; a test failing "
                    "there too is reported as a known failure of the release.")
 def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, budget, only, timeout, gpus,
-          docker_host, upstream_tests, source, torch_version, baseline_python) -> None:
+          docker_host, upstream_tests, source, torch_version, upstream_smoke, baseline_python) -> None:
     """Run the probe suite and print its table; exit 0 only when every required check passed.
 
     \b
@@ -72,14 +75,14 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
                                                   or image is not None)):
         raise click.UsageError("--upstream-tests needs --source TREE and a target of --python, --image, "
                                "or --wheel with --image")
-    if (source or torch_version or baseline_python) and not upstream_tests:
-        raise click.UsageError("--source, --torch and --baseline-python go with --upstream-tests")
+    if (source or torch_version or baseline_python or not upstream_smoke) and not upstream_tests:
+        raise click.UsageError("--source, --torch, --no-upstream-smoke and --baseline-python go with --upstream-tests")
     if image is not None:
         docker_host = docker_host or load_settings().docker_host
     with tempfile.TemporaryDirectory(prefix="patcher-upstream-") as temp:
         upstream = None
         if upstream_tests and image is not None:
-            upstream = _upstream_payload(Path(source), torch_version, Path(temp) / "payload")
+            upstream = _upstream_payload(Path(source), torch_version, Path(temp) / "payload", upstream_smoke)
         if wheel is not None and image is not None:
             run = probing.probe_wheel_in_image(wheel, image, options, wheelhouse=wheelhouse, gpus=gpus,
                                                docker_host=docker_host, upstream=upstream)
@@ -93,7 +96,7 @@ def probe(python, image, wheel, wheelhouse, json_out, junit_out, patched_ids, bu
             data = probing.probe_python(python, options).to_json()
             if upstream_tests:
                 data = _upstream_on_host(Path(source), torch_version, python, baseline_python,
-                                         Path(temp)).merge_into(data)
+                                         Path(temp), upstream_smoke).merge_into(data)
     report = probing.ProbeReport.from_json(data)
     report.write(None, junit_out)
     if json_out:  # the probe's own rendering, upstream's results (when they ran) included
@@ -124,16 +127,17 @@ def _tree_version(tree: Path) -> str:
     return version
 
 
-def _upstream_payload(tree: Path, torch_version: str | None, dest: Path):
+def _upstream_payload(tree: Path, torch_version: str | None, dest: Path, smoke: bool):
     from patcher import upstream_tests
 
     series, wheelhouse = _series_and_wheelhouse(tree, torch_version)
-    return upstream_tests.container_payload(tree, series, wheelhouse, dest)
+    return upstream_tests.container_payload(tree, series, wheelhouse, dest, smoke=smoke)
 
 
-def _upstream_on_host(tree: Path, torch_version: str | None, python: str, baseline_python: str | None, work: Path):
+def _upstream_on_host(tree: Path, torch_version: str | None, python: str, baseline_python: str | None, work: Path,
+                      smoke: bool):
     from patcher import upstream_tests
 
     series, wheelhouse = _series_and_wheelhouse(tree, torch_version)
-    return upstream_tests.run_upstream_tests(tree, python, series, wheelhouse, baseline_python=baseline_python,
-                                             work_dir=work)
+    return upstream_tests.run_upstream_tests(tree, python, series, wheelhouse, smoke=smoke,
+                                             baseline_python=baseline_python, work_dir=work)
