@@ -39,6 +39,19 @@ PYTHON_LEVEL = {"PT-0101": ["torch/jit/annotations.py"], "PT-0106": ["torch/seri
                 "PT-0109": ["torch/fx/graph.py"]}
 
 
+# Upstream tests whose outcome changes from run to run here, with what was seen; their outcome is
+# reported, not asserted (they are still collected: the node set's digest holds them).
+FLAKY = {
+    # profiler sequence numbers: passed in 2 of the 4 recorded runs of the smoke selection (2026-12-01/02, 2 cores,
+    # other selections running beside it), failed in the others
+    "test_autograd.py::TestAutograd::test_profiler_seq_nr",
+}
+
+
+def _steady(outcomes: dict[str, str]) -> dict[str, str]:
+    return {node: outcome for node, outcome in outcomes.items() if node not in FLAKY}
+
+
 def _digest(nodes) -> str:
     return hashlib.sha256("\n".join(sorted(nodes)).encode()).hexdigest()
 
@@ -110,10 +123,10 @@ def test_the_series_selection_on_debian_torch(realtree_checkout, system_torch_py
             continue
         assert got["count"] == want["count"], sel.selection
         if "outcomes" in want:
-            assert got["outcomes"] == want["outcomes"], sel.selection
+            assert _steady(got["outcomes"]) == _steady(want["outcomes"]), sel.selection
         else:
-            assert (got["nodes_sha256"], got["not_passed"]) == (want["nodes_sha256"], want["not_passed"]), \
-                sel.selection
+            assert (got["nodes_sha256"], _steady(got["not_passed"])) == \
+                (want["nodes_sha256"], _steady(want["not_passed"])), sel.selection
     if unrecorded:
         print("  no recorded expectation yet (must pass): " + "; ".join(unrecorded))
     # what the catalog's selections are for: each patch's own selection ran some tests here
