@@ -7,11 +7,9 @@ of det_gather_acc), in namespace detbw17f: the harness measures both, one proces
 """
 import os
 import re
-import time
 
-from torch.utils.cpp_extension import load
+from extension import HERE, build_directory, load_extension, report
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 DOUBLE_SPECIALISATION = "template <>\nstruct det_gather_acc<float> {\n  using type = double;\n};\n"
 
 
@@ -37,25 +35,11 @@ def float_accumulation_variant(build_dir):
 
 
 def build(verbose=False):
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    os.environ.setdefault("MAX_JOBS", "16")
-    build_dir = os.environ.get("DETBW17_BUILD_DIR", "/tmp/detbw17_build")
-    os.makedirs(build_dir, exist_ok=True)
-    t0 = time.time()
-    mod = load(
-        name="detbw17_ext",
-        sources=[os.path.join(HERE, "det_ops17.cpp"), os.path.join(HERE, "det_ext.cu"),
-                 os.path.join(HERE, "det_ext17.cu"), float_accumulation_variant(build_dir)],
-        build_directory=build_dir,
-        extra_cflags=["-O2"],
-        extra_cuda_cflags=["-O3", "-Xptxas=-v"] if verbose else ["-O3"],
-        extra_include_paths=[HERE, build_dir],
-        verbose=verbose,
-    )
-    return mod, time.time() - t0
+    build_dir = build_directory("DETBW17_BUILD_DIR", "/tmp/detbw17_build")
+    return load_extension("detbw17_ext", ["det_ops17.cpp", "det_ext.cu", "det_ext17.cu",
+                                          float_accumulation_variant(build_dir)], build_dir, verbose,
+                          extra_cuda_cflags=["-Xptxas=-v"] if verbose else [], extra_include_paths=[build_dir])
 
 
 if __name__ == "__main__":
-    m, secs = build(verbose=False)
-    print("built in %.1f s" % secs, [n for n in dir(m) if not n.startswith("_")])
-    print("register:", m.register_aten_cuda())
+    report(build)

@@ -1,40 +1,13 @@
 """Build the issue-18 (histograms, order statistics, scans) harness extension:
 det_ext_reductions.cu (det_accumulate.cuh + det_kernels_reductions.cuh) and
 det_ops_reductions.cpp (aten-schema wrappers, pybind functions, register_aten_cuda())."""
-import os
-import time
-
-from torch.utils.cpp_extension import load
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from extension import build_directory, load_extension, report
 
 
 def build(verbose=False):
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    os.environ.setdefault("MAX_JOBS", "16")
-    build_dir = os.environ.get("DETBW18B_BUILD_DIR", "/tmp/detbw18b_build")
-    os.makedirs(build_dir, exist_ok=True)
-    t0 = time.time()
-    mod = load(
-        name="detbw18b_ext",
-        sources=[os.path.join(HERE, "det_ops_reductions.cpp"), os.path.join(HERE, "det_ext_reductions.cu")],
-        build_directory=build_dir,
-        extra_cflags=["-O2"],
-        extra_cuda_cflags=["-O3"],
-        extra_include_paths=[HERE],
-        verbose=verbose,
-    )
-    return mod, time.time() - t0
-
-
-def register_aten_cuda(mod=None):
-    """Register the kernels into aten for the CUDA key; returns the list of errors (empty)."""
-    if mod is None:
-        mod, _ = build()
-    return mod.register_aten_cuda()
+    return load_extension("detbw18b_ext", ["det_ops_reductions.cpp", "det_ext_reductions.cu"],
+                          build_directory("DETBW18B_BUILD_DIR", "/tmp/detbw18b_build"), verbose)
 
 
 if __name__ == "__main__":
-    m, secs = build(verbose=False)
-    print("built in %.1f s" % secs, [n for n in dir(m) if not n.startswith("_")])
-    print("register:", register_aten_cuda(m))
+    report(build)

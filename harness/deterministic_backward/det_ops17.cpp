@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "det_register.h"
 
 void detbw_adaptive_max_pool2d_backward(
     const at::TensorBase& grad_input_c, const at::TensorBase& grad_output_c,
@@ -335,45 +336,33 @@ std::tuple<Tensor, Tensor> grid_sampler_3d_backward(const Tensor& grad_output, c
 }
 
 // --- dispatcher registration ----------------------------------------------------------
-// The same torch::Library object TORCH_LIBRARY_IMPL(aten, CUDA, m) creates at load
-// time; made on request so that one process can first measure torch's own kernels.
-static std::unique_ptr<torch::Library> g_lib;
+// (det_register.h: on request, every refusal reported)
+static std::unique_ptr<torch::Library> g_lib;  // this extension's registration
 
 std::vector<std::string> register_aten_cuda() {
-  std::vector<std::string> errors;
-  if (g_lib) return errors;
-  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                           std::make_optional(c10::DispatchKey::CUDA), __FILE__, __LINE__);
-  auto& m = *g_lib;
-#define DETBW_IMPL(name, fn)                                  \
-  try {                                                       \
-    m.impl(name, TORCH_FN(fn));                               \
-  } catch (const std::exception& e) {                         \
-    errors.push_back(std::string(name) + ": " + e.what());    \
-  }
-  DETBW_IMPL("_adaptive_avg_pool2d_backward", adaptive_avg_pool2d_backward);
-  DETBW_IMPL("_adaptive_avg_pool3d_backward", adaptive_avg_pool3d_backward);
-  DETBW_IMPL("avg_pool3d_backward", avg_pool3d_backward);
-  DETBW_IMPL("reflection_pad1d_backward", reflection_pad1d_backward);
-  DETBW_IMPL("reflection_pad2d_backward", reflection_pad2d_backward);
-  DETBW_IMPL("reflection_pad3d_backward", reflection_pad3d_backward);
-  DETBW_IMPL("replication_pad1d_backward", replication_pad1d_backward);
-  DETBW_IMPL("replication_pad2d_backward", replication_pad2d_backward);
-  DETBW_IMPL("replication_pad3d_backward", replication_pad3d_backward);
-  DETBW_IMPL("upsample_linear1d_backward", upsample_linear1d_backward);
-  DETBW_IMPL("upsample_bilinear2d_backward", upsample_bilinear2d_backward);
-  DETBW_IMPL("upsample_bicubic2d_backward", upsample_bicubic2d_backward);
-  DETBW_IMPL("upsample_trilinear3d_backward", upsample_trilinear3d_backward);
-  DETBW_IMPL("max_pool3d_with_indices_backward", max_pool3d_with_indices_backward);
-  DETBW_IMPL("fractional_max_pool2d_backward", fractional_max_pool2d_backward);
-  DETBW_IMPL("fractional_max_pool3d_backward", fractional_max_pool3d_backward);
-  DETBW_IMPL("max_unpool2d", max_unpool2d);
-  DETBW_IMPL("max_unpool3d", max_unpool3d);
-  DETBW_IMPL("adaptive_max_pool2d_backward", adaptive_max_pool2d_backward);
-  DETBW_IMPL("grid_sampler_2d_backward", grid_sampler_2d_backward);
-  DETBW_IMPL("grid_sampler_3d_backward", grid_sampler_3d_backward);
-#undef DETBW_IMPL
-  return errors;
+  return detbw_register_aten_cuda(g_lib, __FILE__, __LINE__, [](DetbwRegistrar& r) {
+    r.impl("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward));
+    r.impl("_adaptive_avg_pool3d_backward", TORCH_FN(adaptive_avg_pool3d_backward));
+    r.impl("avg_pool3d_backward", TORCH_FN(avg_pool3d_backward));
+    r.impl("reflection_pad1d_backward", TORCH_FN(reflection_pad1d_backward));
+    r.impl("reflection_pad2d_backward", TORCH_FN(reflection_pad2d_backward));
+    r.impl("reflection_pad3d_backward", TORCH_FN(reflection_pad3d_backward));
+    r.impl("replication_pad1d_backward", TORCH_FN(replication_pad1d_backward));
+    r.impl("replication_pad2d_backward", TORCH_FN(replication_pad2d_backward));
+    r.impl("replication_pad3d_backward", TORCH_FN(replication_pad3d_backward));
+    r.impl("upsample_linear1d_backward", TORCH_FN(upsample_linear1d_backward));
+    r.impl("upsample_bilinear2d_backward", TORCH_FN(upsample_bilinear2d_backward));
+    r.impl("upsample_bicubic2d_backward", TORCH_FN(upsample_bicubic2d_backward));
+    r.impl("upsample_trilinear3d_backward", TORCH_FN(upsample_trilinear3d_backward));
+    r.impl("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward));
+    r.impl("fractional_max_pool2d_backward", TORCH_FN(fractional_max_pool2d_backward));
+    r.impl("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward));
+    r.impl("max_unpool2d", TORCH_FN(max_unpool2d));
+    r.impl("max_unpool3d", TORCH_FN(max_unpool3d));
+    r.impl("adaptive_max_pool2d_backward", TORCH_FN(adaptive_max_pool2d_backward));
+    r.impl("grid_sampler_2d_backward", TORCH_FN(grid_sampler_2d_backward));
+    r.impl("grid_sampler_3d_backward", TORCH_FN(grid_sampler_3d_backward));
+  });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "det_register.h"
 
 void detbwaa_upsample_aa_backward(const at::TensorBase& gi, const at::TensorBase& go, bool bicubic,
                                   double scale_h, double scale_w);
@@ -98,28 +99,16 @@ Tensor& bicubic2d_aa_backward_out(const Tensor& g, IntArrayRef output_size, IntA
 }
 
 // --- dispatcher registration -----------------------------------------------------------------
-// The same torch::Library object TORCH_LIBRARY_IMPL(aten, CUDA, m) creates at load time; made on
-// request so that one process can first measure torch's own kernels.
-static std::unique_ptr<torch::Library> g_lib;
+// (det_register.h: on request, every refusal reported)
+static std::unique_ptr<torch::Library> g_lib;  // this extension's registration
 
 std::vector<std::string> register_aten_cuda() {
-  std::vector<std::string> errors;
-  if (g_lib) return errors;
-  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                           std::make_optional(c10::DispatchKey::CUDA), __FILE__, __LINE__);
-  auto& m = *g_lib;
-#define DETBW_IMPL(name, fn)                               \
-  try {                                                    \
-    m.impl(name, TORCH_FN(fn));                            \
-  } catch (const std::exception& e) {                      \
-    errors.push_back(std::string(name) + ": " + e.what()); \
-  }
-  DETBW_IMPL("_upsample_bilinear2d_aa_backward", bilinear2d_aa_backward);
-  DETBW_IMPL("_upsample_bilinear2d_aa_backward.grad_input", bilinear2d_aa_backward_out);
-  DETBW_IMPL("_upsample_bicubic2d_aa_backward", bicubic2d_aa_backward);
-  DETBW_IMPL("_upsample_bicubic2d_aa_backward.grad_input", bicubic2d_aa_backward_out);
-#undef DETBW_IMPL
-  return errors;
+  return detbw_register_aten_cuda(g_lib, __FILE__, __LINE__, [](DetbwRegistrar& r) {
+    r.impl("_upsample_bilinear2d_aa_backward", TORCH_FN(bilinear2d_aa_backward));
+    r.impl("_upsample_bilinear2d_aa_backward.grad_input", TORCH_FN(bilinear2d_aa_backward_out));
+    r.impl("_upsample_bicubic2d_aa_backward", TORCH_FN(bicubic2d_aa_backward));
+    r.impl("_upsample_bicubic2d_aa_backward.grad_input", TORCH_FN(bicubic2d_aa_backward_out));
+  });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

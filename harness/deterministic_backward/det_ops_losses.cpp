@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <vector>
+#include "det_register.h"
 
 void detbw18_nll_loss_reduce(const at::TensorBase& output, const at::TensorBase& total_weight,
                              const at::TensorBase& input_c, const at::TensorBase& target_c,
@@ -267,28 +268,18 @@ Tensor& put_(Tensor& self, const Tensor& index, const Tensor& source, bool accum
 }
 
 // --- dispatcher registration ---------------------------------------------------------------
-static std::unique_ptr<torch::Library> g_lib;
+// (det_register.h: on request, every refusal reported)
+static std::unique_ptr<torch::Library> g_lib;  // this extension's registration
 
 std::vector<std::string> register_aten_cuda() {
-  std::vector<std::string> errors;
-  if (g_lib) return errors;
-  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                           std::make_optional(c10::DispatchKey::CUDA), __FILE__, __LINE__);
-  auto& m = *g_lib;
-#define DETBW_IMPL(name, fn)                                  \
-  try {                                                       \
-    m.impl(name, TORCH_FN(fn));                               \
-  } catch (const std::exception& e) {                         \
-    errors.push_back(std::string(name) + ": " + e.what());    \
-  }
-  DETBW_IMPL("nll_loss_forward", nll_loss_forward);
-  DETBW_IMPL("nll_loss2d_forward", nll_loss2d_forward);
-  DETBW_IMPL("_ctc_loss_backward", ctc_loss_backward);
-  DETBW_IMPL("_ctc_loss_backward.Tensor", ctc_loss_backward_tensor);
-  DETBW_IMPL("_embedding_bag_dense_backward", embedding_bag_dense_backward);
-  DETBW_IMPL("put_", put_);
-#undef DETBW_IMPL
-  return errors;
+  return detbw_register_aten_cuda(g_lib, __FILE__, __LINE__, [](DetbwRegistrar& r) {
+    r.impl("nll_loss_forward", TORCH_FN(nll_loss_forward));
+    r.impl("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward));
+    r.impl("_ctc_loss_backward", TORCH_FN(ctc_loss_backward));
+    r.impl("_ctc_loss_backward.Tensor", TORCH_FN(ctc_loss_backward_tensor));
+    r.impl("_embedding_bag_dense_backward", TORCH_FN(embedding_bag_dense_backward));
+    r.impl("put_", TORCH_FN(put_));
+  });
 }
 
 Tensor put_py(Tensor self, const Tensor& index, const Tensor& source, bool accumulate) {

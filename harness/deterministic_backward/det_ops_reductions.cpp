@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <vector>
+#include "det_register.h"
 
 void detbw18b_histc(const at::TensorBase& out, const at::TensorBase& in, int64_t nbins, double lo, double hi);
 void detbw18b_bincount(const at::TensorBase& out, const at::TensorBase& in, const at::TensorBase& weights,
@@ -193,32 +194,20 @@ Tensor& det_cumsum_out(const Tensor& self, int64_t dim, std::optional<at::Scalar
 Tensor det_cumsum_py(const Tensor& self, int64_t dim) { return det_cumsum(self, dim, std::nullopt); }
 
 // --- dispatcher registration ---------------------------------------------------------------------
-// The torch::Library object TORCH_LIBRARY_IMPL(aten, CUDA, m) would create at load time,
-// made on request so that one process can first measure torch's own kernels.
-static std::unique_ptr<torch::Library> g_lib;
+// (det_register.h: on request, every refusal reported)
+static std::unique_ptr<torch::Library> g_lib;  // this extension's registration
 
 std::vector<std::string> register_aten_cuda() {
-  std::vector<std::string> errors;
-  if (g_lib) return errors;
-  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                           std::make_optional(c10::DispatchKey::CUDA), __FILE__, __LINE__);
-  auto& m = *g_lib;
-#define DETBW_IMPL(name, fn)                               \
-  try {                                                    \
-    m.impl(name, TORCH_FN(fn));                            \
-  } catch (const std::exception& e) {                      \
-    errors.push_back(std::string(name) + ": " + e.what()); \
-  }
-  DETBW_IMPL("histc", det_histc);
-  DETBW_IMPL("histc.out", det_histc_out);
-  DETBW_IMPL("bincount", det_bincount);
-  DETBW_IMPL("kthvalue.values", det_kthvalue_out);
-  DETBW_IMPL("median.dim_values", det_median_out);
-  DETBW_IMPL("nanmedian.dim_values", det_nanmedian_out);
-  DETBW_IMPL("cumsum", det_cumsum);
-  DETBW_IMPL("cumsum.out", det_cumsum_out);
-#undef DETBW_IMPL
-  return errors;
+  return detbw_register_aten_cuda(g_lib, __FILE__, __LINE__, [](DetbwRegistrar& r) {
+    r.impl("histc", TORCH_FN(det_histc));
+    r.impl("histc.out", TORCH_FN(det_histc_out));
+    r.impl("bincount", TORCH_FN(det_bincount));
+    r.impl("kthvalue.values", TORCH_FN(det_kthvalue_out));
+    r.impl("median.dim_values", TORCH_FN(det_median_out));
+    r.impl("nanmedian.dim_values", TORCH_FN(det_nanmedian_out));
+    r.impl("cumsum", TORCH_FN(det_cumsum));
+    r.impl("cumsum.out", TORCH_FN(det_cumsum_out));
+  });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

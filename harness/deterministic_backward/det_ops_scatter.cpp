@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include "det_register.h"
 
 void detbw18c_scatter_reduce(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                              int64_t op, bool include_self, bool opmath);
@@ -210,31 +211,21 @@ void py_index_reduce_inplace(Tensor self, int64_t dim, const Tensor& index, cons
 }
 
 // --- dispatcher registration ---------------------------------------------------------------------
-static std::unique_ptr<torch::Library> g_lib;
+// (det_register.h: on request, every refusal reported)
+static std::unique_ptr<torch::Library> g_lib;  // this extension's registration
 
 std::vector<std::string> register_aten_cuda() {
-  std::vector<std::string> errors;
-  if (g_lib) return errors;
-  g_lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                           std::make_optional(c10::DispatchKey::CUDA), __FILE__, __LINE__);
-  auto& m = *g_lib;
-#define DETBW_IMPL(name, fn)                               \
-  try {                                                    \
-    m.impl(name, TORCH_FN(fn));                            \
-  } catch (const std::exception& e) {                      \
-    errors.push_back(std::string(name) + ": " + e.what()); \
-  }
-  DETBW_IMPL("scatter_reduce.two", det_scatter_reduce_two);
-  DETBW_IMPL("scatter_reduce_.two", det_scatter_reduce_two_);
-  DETBW_IMPL("scatter_reduce.two_out", det_scatter_reduce_two_out);
-  DETBW_IMPL("scatter.reduce", det_scatter_reduce_old);
-  DETBW_IMPL("scatter_.reduce", det_scatter_reduce_old_);
-  DETBW_IMPL("scatter.reduce_out", det_scatter_reduce_old_out);
-  DETBW_IMPL("index_reduce", det_index_reduce);
-  DETBW_IMPL("index_reduce_", det_index_reduce_);
-  DETBW_IMPL("index_reduce.out", det_index_reduce_out);
-#undef DETBW_IMPL
-  return errors;
+  return detbw_register_aten_cuda(g_lib, __FILE__, __LINE__, [](DetbwRegistrar& r) {
+    r.impl("scatter_reduce.two", TORCH_FN(det_scatter_reduce_two));
+    r.impl("scatter_reduce_.two", TORCH_FN(det_scatter_reduce_two_));
+    r.impl("scatter_reduce.two_out", TORCH_FN(det_scatter_reduce_two_out));
+    r.impl("scatter.reduce", TORCH_FN(det_scatter_reduce_old));
+    r.impl("scatter_.reduce", TORCH_FN(det_scatter_reduce_old_));
+    r.impl("scatter.reduce_out", TORCH_FN(det_scatter_reduce_old_out));
+    r.impl("index_reduce", TORCH_FN(det_index_reduce));
+    r.impl("index_reduce_", TORCH_FN(det_index_reduce_));
+    r.impl("index_reduce.out", TORCH_FN(det_index_reduce_out));
+  });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -31,7 +31,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from build_losses import build, register_aten_cuda  # noqa: E402
+from build_losses import build  # noqa: E402
+from extension import register_aten_cuda  # noqa: E402
 from run_harness17 import BATCH, REPEATS, SAMPLES, beq, max_err, median_ms  # noqa: E402
 
 TRAIN_STEPS = 200
