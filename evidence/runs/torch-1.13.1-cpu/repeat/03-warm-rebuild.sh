@@ -9,7 +9,7 @@ CATALOG=$STATE/catalog-warm
 TREE=$STATE/edit-tree
 rm -rf "$CATALOG" "$TREE" "$STATE/work-warm"
 mkdir -p "$CATALOG" "$RUN_DIR/steps"
-cp -r "$REPO/patches" "$REPO/dockerfiles" "$CATALOG/"
+cp -r "${PATCHER_CATALOG:-$REPO}/patches" "${PATCHER_CATALOG:-$REPO}/dockerfiles" "$CATALOG/"  # the cold build's catalog
 
 # The series as commits on the real tree, PT-0102's commit amended, the rest rebased onto it.
 "$PATCHER" fetch --torch 1.13.1 -o "$TREE"
