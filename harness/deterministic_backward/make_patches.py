@@ -16,20 +16,17 @@ is applied after it to check that the whole series still applies.
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-AUTHOR_NAME = "patcher maintainers"
-AUTHOR_EMAIL = "maintainers@patcher.invalid"
-DATE = "2026-11-30T00:00:00+00:00"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_patches_common as common  # noqa: E402
 
-AMP_FILE = "aten/src/ATen/native/cuda/AdaptiveMaxPooling2d.cu"
-GS_FILE = "aten/src/ATen/native/cuda/GridSampler.cu"
+# walk_series by name too: the README speaks of make_patches.walk_series
+from make_patches_common import CUDA, ISSUES, replace_once, trailers, walk_series  # noqa: E402
+
+AMP_FILE = CUDA + "AdaptiveMaxPooling2d.cu"
+GS_FILE = CUDA + "GridSampler.cu"
 
 AMP_MESSAGE = """\
 Deterministic CUDA backward for adaptive_max_pool2d
@@ -67,16 +64,9 @@ in fp64, it agrees with the atomic kernel to rounding, and at
 Upstream's test_nondeterministic_alert_AdaptiveMaxPool2d (test/test_torch.py)
 expected the alert on CUDA; it now expects none there (the CPU never
 alerted).
-
-Patch-Id: PT-0201
-Applies-To: ==1.13.1
-Category: determinism
-Upstream-Bug: https://github.com/pytorch/pytorch/issues/131972
-Upstream-Fix: none
-Probe: determinism.adaptive_max_pool2d
-Upstream-Tests: test_nn.py -k "AdaptiveMaxPool2d or adaptive_max_pool2d or
- adaptive_pooling_max", test_torch.py -k "nondeterministic_alert_AdaptiveMaxPool2d"
-"""
+""" + trailers("PT-0201", ISSUES + "131972", "determinism.adaptive_max_pool2d",
+               'test_nn.py -k "AdaptiveMaxPool2d or adaptive_max_pool2d or\n'
+               ' adaptive_pooling_max", test_torch.py -k "nondeterministic_alert_AdaptiveMaxPool2d"')
 
 GS_MESSAGE = """\
 Deterministic CUDA backward for grid_sampler_2d
@@ -120,31 +110,14 @@ for bilinear fp32 (0.67x fp16, 1.67x nearest fp32).
 
 Upstream's test_nondeterministic_alert_grid_sample_2d (test/test_torch.py,
 bilinear) expected the alert on CUDA; it now expects none there.
-
-Patch-Id: PT-0202
-Applies-To: ==1.13.1
-Category: determinism
-Upstream-Bug: https://github.com/pytorch/pytorch/issues/68959
-Upstream-Fix: none
-Probe: determinism.grid_sampler_2d
-Upstream-Tests: test_nn.py -k "(grid_sample or GridSample or grid_sampler) and not large",
- test_torch.py -k "nondeterministic_alert_grid_sample_2d"
-"""
+""" + trailers("PT-0202", ISSUES + "68959", "determinism.grid_sampler_2d",
+               'test_nn.py -k "(grid_sample or GridSample or grid_sampler) and not large",\n'
+               ' test_torch.py -k "nondeterministic_alert_grid_sample_2d"')
 
 
 def section(name):
-    text = open(os.path.join(HERE, "det_kernels.cuh")).read()
-    begin = f"// BEGIN {name}\n"
-    end = f"// END {name}\n"
-    a = text.index(begin) + len(begin)
-    b = text.index(end)
-    return text[a:b]
-
-
-def replace_once(text, old, new):
-    if text.count(old) != 1:
-        raise SystemExit(f"expected exactly one occurrence of:\n{old}")
-    return text.replace(old, new)
+    """A marked section of det_kernels.cuh (PT-0201, PT-0202 and, through make_patches17, PT-0222)."""
+    return common.kernel_sections(("det_kernels.cuh",), name)
 
 
 def patch_amp(src):
@@ -190,19 +163,7 @@ def patch_amp(src):
     return src
 
 
-SORT_WRAPPER = """\
-// Stable (key, value) radix sort over key bits [0, end_bit), on the current
-// stream; used by the deterministic grid_sampler_2d backward below.
-static void deterministic_radix_sort_pairs(
-    const int64_t* keys_in, int64_t* keys_out,
-    const int64_t* values_in, int64_t* values_out,
-    int64_t n, int end_bit) {
-  at::cuda::cub::radix_sort_pairs<int64_t, int64_t>(
-      keys_in, keys_out, values_in, values_out, n,
-      /*descending=*/false, /*begin_bit=*/0, /*end_bit=*/end_bit);
-}
-
-"""
+SORT_WRAPPER = common.radix_sort_pairs_wrapper("deterministic_radix_sort_pairs", "grid_sampler_2d backward")
 
 
 def patch_gs(src):
@@ -280,98 +241,6 @@ def expect_cpu_alert_only(src, test, caller, patch_id):
     return src[:start] + body + src[end:]
 
 
-def read_series(out_dir):
-    with open(os.path.join(out_dir, "series")) as f:
-        return [line.split("#", 1)[0].strip() for line in f if line.split("#", 1)[0].strip()]
-
-
-def walk_series(tree, out_dir, specs):
-    """Regenerate the patches of `specs` (file name -> (transforms by path, commit message))
-    in series order on a scratch copy of `tree`: each one on top of every series patch before
-    it; the others of the series are applied as they are, so a patch that no longer applies
-    in order stops the run."""
-    names = read_series(out_dir)
-    missing = [n for n in specs if n not in names]
-    if missing:
-        raise SystemExit(f"not in {out_dir}/series: {', '.join(missing)} (append them first)")
-    with tempfile.TemporaryDirectory(prefix="detbw-series-", dir="/tmp") as scratch:
-        repo = os.path.join(scratch, "repo")
-        shutil.copytree(tree, repo, symlinks=True)
-        git(repo, "init", "-q")
-        git(repo, "add", "--force", "-A")
-        git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
-        for name in names:
-            path = os.path.join(out_dir, name)
-            if name in specs:
-                transforms, message = specs[name]
-                for rel, transform in transforms.items():
-                    target = os.path.join(repo, rel)
-                    with open(target) as f:
-                        src = f.read()
-                    with open(target, "w") as f:
-                        f.write(transform(src))
-                    git(repo, "add", "--force", rel)
-                msg_file = os.path.join(scratch, "msg")
-                with open(msg_file, "w") as f:
-                    f.write(message)
-                git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
-                patch = git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                            "--full-index", "HEAD")
-                with open(path, "wb") as f:
-                    f.write(patch)
-                print("wrote", path)
-            else:
-                if not os.path.exists(path):
-                    # a patch appended to the series but not written yet (its generator runs next)
-                    print(f"stopped before {name}: not written yet; the rest of the series is unchecked")
-                    return
-
-                subprocess.run(["git", "apply", "--index", os.path.abspath(path)], cwd=repo, check=True)
-                git(repo, "commit", "-q", "--no-verify", "-m", name)
-        print(f"all {len(names)} patches of the series apply in order")
-
-
-def git(repo, *args, env=None):
-    full_env = dict(os.environ)
-    full_env.update({
-        "GIT_AUTHOR_NAME": AUTHOR_NAME, "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
-        "GIT_COMMITTER_NAME": AUTHOR_NAME, "GIT_COMMITTER_EMAIL": AUTHOR_EMAIL,
-        "GIT_AUTHOR_DATE": DATE, "GIT_COMMITTER_DATE": DATE,
-        "GIT_CONFIG_NOSYSTEM": "1", "HOME": repo,
-    })
-    if env:
-        full_env.update(env)
-    return subprocess.run(["git", "-C", repo, *args], check=True, env=full_env,
-                          stdout=subprocess.PIPE).stdout
-
-
-def make_one(tree, scratch, relpath, transform, message, out_path):
-    repo = os.path.join(scratch, "repo")
-    if os.path.exists(repo):
-        shutil.rmtree(repo)
-    shutil.copytree(tree, repo, symlinks=True)
-    git(repo, "init", "-q")
-    git(repo, "add", "--force", "-A")
-    git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
-    path = os.path.join(repo, relpath)
-    with open(path) as f:
-        src = f.read()
-    with open(path, "w") as f:
-        f.write(transform(src))
-    git(repo, "add", "--force", relpath)
-    msg_file = os.path.join(scratch, "msg")
-    with open(msg_file, "w") as f:
-        f.write(message)
-    git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
-    patch = git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                "--full-index", "HEAD")
-    with open(out_path, "wb") as f:
-        f.write(patch)
-    # check: applies to the pristine tree
-    subprocess.run(["git", "apply", "--check", os.path.abspath(out_path)], cwd=tree, check=True)
-    print("wrote", out_path)
-
-
 SPECS = {
     "0201-deterministic-adaptive-max-pool2d-backward.patch": (
         {AMP_FILE: patch_amp,
@@ -383,12 +252,8 @@ SPECS = {
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    args = ap.parse_args()
-    tree = os.path.abspath(args.tree)
-    walk_series(tree, args.out, SPECS)
+    args = common.parse_args()
+    walk_series(args.tree, args.out, SPECS)
     return 0
 
 

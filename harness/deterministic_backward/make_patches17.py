@@ -18,68 +18,34 @@ that file one after another. Run make_patches.py (PT-0201/0202) first.
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_patches as mp  # noqa: E402  (git helpers, identity and date)
+import make_patches as mp  # noqa: E402  (test_torch.py expectations, det_kernels.cuh's sections)
+import make_patches_common as common  # noqa: E402
+from make_patches_common import CUDA, ISSUES, replace_after, replace_once  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CUDA = "aten/src/ATen/native/cuda/"
-ISSUES = "https://github.com/pytorch/pytorch/issues/"
 EVIDENCE = ("evidence/gpu/deterministic-issue17-ops.json, -ops-v2*.json and "
             "-training*.json in the patcher repository")
 EVIDENCE_GS3D = "evidence/gpu/deterministic-issue17-gridsample3d.json in the patcher repository"
 
 
 KERNEL_HEADERS = ("det_accumulate.cuh", "det_kernels17.cuh")
-
-
-def sections(*names, headers=KERNEL_HEADERS):
-    text = "".join(open(os.path.join(HERE, h)).read() for h in headers)
-    out = []
-    for name in names:
-        begin, end = f"// BEGIN {name}\n", f"// END {name}\n"
-        a = text.index(begin) + len(begin)
-        out.append(text[a:text.index(end)])
-    return "".join(out)
-
-
-def replace_once(text, old, new):
-    if text.count(old) != 1:
-        raise SystemExit(f"expected exactly one occurrence of:\n{old}")
-    return text.replace(old, new)
-
-
-def replace_after(text, marker, old, new):
-    """Replace the first `old` after the (unique) `marker`."""
-    if text.count(marker) != 1:
-        raise SystemExit(f"expected exactly one occurrence of marker:\n{marker}")
-    start = text.index(marker)
-    i = text.find(old, start)
-    if i < 0:
-        raise SystemExit(f"not found after {marker!r}:\n{old}")
-    return text[:i] + new + text[i + len(old):]
-
-
 INCLUDES = ["#include <ATen/OpMathType.h>", "#include <c10/cuda/CUDAException.h>",
             "#include <c10/macros/Macros.h>"]
 STD = ["#include <algorithm>", "#include <cstdint>", "#include <limits>"]
 
 
 def add_includes(src, extra=()):
-    lines = src.split("\n")
-    want = [i for i in list(INCLUDES) + list(extra) + STD if i not in lines]
-    anchor = "#include <ATen/cuda/CUDAContext.h>\n"
-    return replace_once(src, anchor, anchor + "".join(w + "\n" for w in want))
+    return common.insert_missing_includes(src, "#include <ATen/cuda/CUDAContext.h>\n",
+                                          list(INCLUDES) + list(extra) + STD)
 
 
 def add_sections(src, names, headers=KERNEL_HEADERS, issue="17"):
     block = (f"\n// Deterministic kernels (patcher, issue {issue}): one writer per element or\n"
              "// order-independent integer sums; see the comments in each section.\n"
-             "namespace {\n\n" + sections(*names, headers=headers) + "\n} // namespace\n")
+             "namespace {\n\n" + common.kernel_sections(headers, *names) + "\n} // namespace\n")
     return replace_once(src, "namespace native {\n", "namespace native {\n" + block)
 
 
@@ -88,6 +54,20 @@ def drop_alert(src, name, indent="  ", comment=True):
     old = f'{indent}globalContext().alertNotDeterministic("{name}");\n'
     new = (f"{indent}// (the alert moved to where the deterministic kernel is chosen)\n" if comment else "")
     return replace_once(src, old, new)
+
+
+def upstream_alert(name, indent="  "):
+    """torch 1.13.1's three lines at an entry point whose kernel uses atomicAdd."""
+    return (f"{indent}// See Note [Writing Nondeterministic Operations]\n"
+            f"{indent}// Nondeterministic because of atomicAdd usage\n"
+            f"{indent}globalContext().alertNotDeterministic(\"{name}\");\n")
+
+
+def defer_alert(src, name, where, indent="  "):
+    """An entry point's upstream alert becomes a pointer to `where` the deterministic branch is
+    chosen (it alerts there when the atomic kernel runs)."""
+    return replace_once(src, upstream_alert(name, indent),
+                        f"{indent}// See Note [Writing Nondeterministic Operations]: see {where}.\n")
 
 
 ALERT_NOTE = ("// See Note [Writing Nondeterministic Operations]. Under\n"
@@ -109,18 +89,8 @@ ALLOCATOR = ["#include <c10/cuda/CUDACachingAllocator.h>"]
 def t_adaptive2d(src):
     src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "adaptive_avg_pool"])
-    src = replace_once(
-        src,
-        "    // See Note [Writing Nondeterministic Operations]\n"
-        "    // Nondeterministic because of atomicAdd usage\n"
-        "    globalContext().alertNotDeterministic(\"adaptive_avg_pool2d_backward_out_cuda\");\n",
-        "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
-    src = replace_once(
-        src,
-        "    // See Note [Writing Nondeterministic Operations]\n"
-        "    // Nondeterministic because of atomicAdd usage\n"
-        "    globalContext().alertNotDeterministic(\"adaptive_avg_pool2d_backward_cuda\");\n",
-        "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
+    src = defer_alert(src, "adaptive_avg_pool2d_backward_out_cuda", "the template", indent="    ")
+    src = defer_alert(src, "adaptive_avg_pool2d_backward_cuda", "the template", indent="    ")
     src = replace_after(
         src, "  void adaptive_avg_pool2d_backward_out_cuda_template(",
         "    switch (input.suggest_memory_format()) {\n",
@@ -135,12 +105,7 @@ def t_adaptive3d(src):
     src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "adaptive_avg_pool"])
     for name in ("adaptive_avg_pool3d_backward_out_cuda", "adaptive_avg_pool3d_backward_cuda"):
-        src = replace_once(
-            src,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
-            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+        src = defer_alert(src, name, "the template")
     src = replace_after(
         src, "void adaptive_avg_pool3d_backward_out_cuda_template(",
         "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n\n  gradInput.zero_();\n",
@@ -155,12 +120,7 @@ def t_adaptive3d(src):
 def t_avgpool3d(src):
     src = add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "avg_pool3d"])
-    src = replace_once(
-        src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"avg_pool3d_backward_cuda\");\n",
-        "  // See Note [Writing Nondeterministic Operations]: see below.\n")
+    src = defer_alert(src, "avg_pool3d_backward_cuda", "below")
     src = replace_after(
         src, "TORCH_IMPL_FUNC(avg_pool3d_backward_out_cuda) (",
         "  gradInput.zero_();\n",
@@ -178,21 +138,14 @@ def t_reflection(src):
     # 1d (structured: the meta function checked the shapes)
     src = replace_once(
         src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"reflection_pad1d_backward_out_cuda\");\n",
+        upstream_alert("reflection_pad1d_backward_out_cuda"),
         det_branch("  ", "globalContext().deterministicAlgorithms() && !grad_input.is_complex()",
                    ["pad_backward_deterministic(grad_input, grad_output_, /*spatial=*/1, /*reflection=*/true,",
                     "                           0, 0, padding[0]);",
                     "return;"], "reflection_pad1d_backward_out_cuda"))
     # 2d: entry points alert no more; the template decides after its shape checks
     for name in ("reflection_pad2d_backward_out_cuda", "reflection_pad2d_backward_cuda"):
-        src = replace_once(
-            src,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
-            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+        src = defer_alert(src, name, "the template")
     src = replace_after(
         src, "void reflection_pad2d_backward_out_template(",
         "  Tensor grad_output = grad_output_.contiguous();\n",
@@ -218,21 +171,14 @@ def t_replication(src):
     # 1d (structured)
     src = replace_once(
         src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"replication_pad1d_backward_cuda\");\n",
+        upstream_alert("replication_pad1d_backward_cuda"),
         det_branch("  ", "globalContext().deterministicAlgorithms() && !gradInput.is_complex()",
                    ["pad_backward_deterministic(gradInput, gradOutput, /*spatial=*/1, /*reflection=*/false,",
                     "                           0, 0, paddingSize[0]);",
                     "return;"], "replication_pad1d_backward_cuda"))
     for name in ("replication_pad2d_backward_out_cuda", "replication_pad2d_backward_cuda",
                  "replication_pad3d_backward_out_cuda", "replication_pad3d_backward_cuda"):
-        src = replace_once(
-            src,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
-            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+        src = defer_alert(src, name, "the template")
     resize = "  gradInput.resize_as_(input);\n  if (gradInput.numel() == 0) {\n    return;\n  }\n  gradInput.zero_();\n"
     src = replace_after(
         src, "void replication_pad2d_backward_out_cuda_template(", resize,
@@ -253,19 +199,25 @@ def t_replication(src):
     return src
 
 
+# C++ lines of a backward's deterministic branch: det_scale(in, out, scale) is the forward's scale
+# of one axis, so that the gather kernels find the same taps (make_patches_aa.py uses it too).
+FORWARD_SCALE_LAMBDA = [
+    "// the forward's scales, as area_pixel_compute_scale computes them in the",
+    "// accumulate type (double for double, float otherwise)",
+    "const bool acc_double = grad_output.scalar_type() == at::ScalarType::Double;",
+    "auto det_scale = [&](int64_t in, int64_t out, c10::optional<double> s) -> double {",
+    "  return acc_double",
+    "      ? static_cast<double>(area_pixel_compute_scale<double>(in, out, align_corners, s))",
+    "      : static_cast<double>(area_pixel_compute_scale<float>(in, out, align_corners, s));",
+    "};"]
+
+
 def upsample_transform(entry, alert, spatial, cubic, scales):
     """scales: expressions for the (D, H, W) scales' (input size, output size, optional scale)."""
     def t(src):
         src = add_includes(src, ["#include <c10/cuda/CUDACachingAllocator.h>"])
         src = add_sections(src, ["det_common", "upsample"])
-        body = ["// the forward's scales, as area_pixel_compute_scale computes them in the",
-                "// accumulate type (double for double, float otherwise)",
-                "const bool acc_double = grad_output.scalar_type() == at::ScalarType::Double;",
-                "auto det_scale = [&](int64_t in, int64_t out, c10::optional<double> s) -> double {",
-                "  return acc_double",
-                "      ? static_cast<double>(area_pixel_compute_scale<double>(in, out, align_corners, s))",
-                "      : static_cast<double>(area_pixel_compute_scale<float>(in, out, align_corners, s));",
-                "};"]
+        body = list(FORWARD_SCALE_LAMBDA)
         args = []
         for expr in scales:
             args.append("0.0" if expr is None else f"det_scale({expr[0]}, {expr[1]}, {expr[2]})")
@@ -275,9 +227,7 @@ def upsample_transform(entry, alert, spatial, cubic, scales):
                  "return;"]
         src = replace_after(
             src, entry,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{alert}\");\n",
+            upstream_alert(alert),
             det_branch("  ", "globalContext().deterministicAlgorithms()", body, alert))
         return src
     return t
@@ -309,12 +259,7 @@ def t_maxpool3d(src):
     src = add_includes(src)
     src = add_sections(src, ["det_common", "argmax_gather"])
     for name in ("max_pool3d_with_indices_backward_out_cuda", "max_pool3d_with_indices_backward_cuda"):
-        src = replace_once(
-            src,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{name}\");\n",
-            "  // See Note [Writing Nondeterministic Operations]: see the template.\n")
+        src = defer_alert(src, name, "the template")
     body = ARGMAX_CONTIG + [
         "const int64_t in_size[3] = {itime, iheight, iwidth};",
         "const int64_t out_size[3] = {otime, oheight, owidth};",
@@ -346,12 +291,7 @@ def t_frac2d(src):
         "#ifndef AT_PER_OPERATOR_HEADERS\n#include <ATen/Functions.h>\n#include <ATen/NativeFunctions.h>\n#else\n"
         "#include <ATen/ops/empty.h>\n")
     src = add_sections(src, ["det_common", "argmax_gather"])
-    src = replace_once(
-        src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"fractional_max_pool2d_backward_cuda\");\n",
-        "  // See Note [Writing Nondeterministic Operations]: see below.\n")
+    src = defer_alert(src, "fractional_max_pool2d_backward_cuda", "below")
     body = ARGMAX_CONTIG + [
         "const int64_t in_size[2] = {inputH, inputW};",
         "const int64_t out_size[2] = {outputH, outputW};",
@@ -378,12 +318,7 @@ def t_frac3d(src):
     src = add_includes(src, ["#include <c10/cuda/CUDACachingAllocator.h>"])
     src = add_sections(src, ["det_common", "det_fixed_point", "index_scatter"])
     for name in ("fractional_max_pool3d_backward_out_cuda", "fractional_max_pool3d_backward_cuda"):
-        src = replace_once(
-            src,
-            "    // See Note [Writing Nondeterministic Operations]\n"
-            "    // Nondeterministic because of atomicAdd usage\n"
-            f"    globalContext().alertNotDeterministic(\"{name}\");\n",
-            "    // See Note [Writing Nondeterministic Operations]: see the template.\n")
+        src = defer_alert(src, name, "the template", indent="    ")
     # the template learns the pool size (the bound on windows sharing one element)
     src = replace_once(
         src,
@@ -477,9 +412,7 @@ def t_grid_sampler_3d(src):
     src = replace_once(src, section2d, section2d + "\n" + ROUND_NEAREST_3D + mp.section("grid_sampler_3d"))
     src = replace_once(
         src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"grid_sampler_3d_backward_cuda\");\n",
+        upstream_alert("grid_sampler_3d_backward_cuda"),
         "  // See Note [Writing Nondeterministic Operations]\n"
         "  // The default kernel accumulates grad_input with atomicAdd. Under\n"
         "  // torch.use_deterministic_algorithms(True) an atomic-free kernel with a\n"
@@ -496,11 +429,6 @@ def t_grid_sampler_3d(src):
 
 
 # --- the patches -----------------------------------------------------------------------------
-def trailers(pid, bug, fix, probe, tests):
-    return (f"\nPatch-Id: {pid}\nApplies-To: ==1.13.1\nCategory: determinism\nUpstream-Bug: {bug}\n"
-            f"Upstream-Fix: {fix}\nProbe: {probe}\nUpstream-Tests: {tests}\n")
-
-
 COMMON_TAIL = """\
 Gathers accumulate fp32 in double (each term formed in float as the
 forward and the atomic kernel do; one rounding at the store).
@@ -821,37 +749,6 @@ in every case (torch's CUDA kernel is not, with duplicates); time
 ]
 
 
-def make_one(tree, scratch, spec, out_dir):
-    import shutil
-    repo = os.path.join(scratch, "repo")
-    if os.path.exists(repo):
-        shutil.rmtree(repo)
-    shutil.copytree(tree, repo, symlinks=True)
-    mp.git(repo, "init", "-q")
-    mp.git(repo, "add", "--force", "-A")
-    mp.git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
-    for rel, transform in spec["files"].items():
-        path = os.path.join(repo, rel)
-        with open(path) as f:
-            src = f.read()
-        with open(path, "w") as f:
-            f.write(transform(src))
-        mp.git(repo, "add", "--force", rel)
-    message = spec_message(spec)
-    msg_file = os.path.join(scratch, "msg")
-    with open(msg_file, "w") as f:
-        f.write(message)
-    mp.git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
-    patch = mp.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                   "--full-index", "HEAD")
-    out_path = os.path.join(out_dir, spec["file"])
-    with open(out_path, "wb") as f:
-        f.write(patch)
-    import subprocess
-    subprocess.run(["git", "apply", "--check", os.path.abspath(out_path)], cwd=tree, check=True)
-    print("wrote", out_path)
-
-
 def alert_test_names(spec):
     return ["test_nondeterministic_alert_" + test for test, _ in spec["alerts"]]
 
@@ -862,15 +759,20 @@ def upstream_tests(spec):
     return f'{spec["tests"]}, test_torch.py -k "{keyword}"'
 
 
-def spec_message(spec):
+def alert_tail(spec, tail, evidence, cpu_note):
+    """`tail` (a template with {ev}, {alert_tests}, {them}, {cpu_note}) filled in for the spec's
+    alert tests; `cpu_note` is said where one of them still expects the CPU's alert."""
     names = alert_test_names(spec)
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     cpu_only = any(caller for _, caller in spec["alerts"])
-    tail = COMMON_TAIL.format(
-        ev=spec.get("evidence", EVIDENCE), alert_tests=listed, them="it" if len(names) == 1 else "them",
-        cpu_note=" (the CPU kernel still alerts)" if cpu_only else "")
-    return (spec["subject"] + "\n\n" + spec["body"] + "\n" + tail +
-            trailers(spec["pid"], spec["bug"], "none", spec["probe"], upstream_tests(spec)))
+    return tail.format(ev=evidence, alert_tests=listed, them="it" if len(names) == 1 else "them",
+                       cpu_note=cpu_note if cpu_only else "")
+
+
+def spec_message(spec):
+    tail = alert_tail(spec, COMMON_TAIL, spec.get("evidence", EVIDENCE), " (the CPU kernel still alerts)")
+    return common.commit_message(spec["subject"], spec["body"], tail,
+                                 common.trailers(spec["pid"], spec["bug"], spec["probe"], upstream_tests(spec)))
 
 
 def test_transform(spec):
@@ -885,27 +787,22 @@ def test_transform(spec):
     return transform
 
 
-def series_specs(only=()):
-    """walk_series' specs: file name -> (transforms by path, message)."""
+def series_specs(only=(), patches=PATCHES, message=spec_message):
+    """walk_series' specs of `patches` (all, or those whose id is in `only`): file name ->
+    (transforms by path, with the alert tests' update of test_torch.py; message)."""
     out = {}
-    for spec in PATCHES:
+    for spec in patches:
         if only and spec["pid"] not in only:
             continue
         transforms = dict(spec["files"])
         transforms[mp.TEST_TORCH] = test_transform(spec)
-        out[spec["file"]] = (transforms, spec_message(spec))
+        out[spec["file"]] = (transforms, message(spec))
     return out
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    ap.add_argument("--only", default="", help="comma-separated patch ids")
-    args = ap.parse_args()
-    tree = os.path.abspath(args.tree)
-    only = {p for p in args.only.split(",") if p}
-    mp.walk_series(tree, args.out, series_specs(only))
+    args = common.parse_args(with_only=True)
+    common.walk_series(args.tree, args.out, series_specs(args.only))
     return 0
 
 

@@ -15,18 +15,15 @@ with git apply in order.
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_patches_reductions as mpr  # noqa: E402  (scratch repository and commit helpers)
-from make_patches17 import det_branch, replace_after, replace_once, trailers  # noqa: E402
+import make_patches_common as common  # noqa: E402
+from make_patches17 import FORWARD_SCALE_LAMBDA, det_branch, upstream_alert  # noqa: E402
+from make_patches_common import CUDA, replace_after, replace_once  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TARGET = "aten/src/ATen/native/cuda/UpSampleBilinear2d.cu"
+TARGET = CUDA + "UpSampleBilinear2d.cu"
 PATCH_FILE = "0232-deterministic-upsample-aa-backward.patch"
 PATCH_ID = "PT-0232"
 EVIDENCE = ("evidence/gpu/deterministic-issue18-upsample-aa-ops.json, -training.json, -smoke.log and "
@@ -41,28 +38,14 @@ FORWARD_KERNEL = ("// Code for upsampling with antialias\n"
                   "__global__ void upsample_gen2d_aa_out_frame(\n")
 
 
-def section():
-    text = open(os.path.join(HERE, "det_kernels_aa.cuh")).read()
-    begin, end = "// BEGIN upsample_aa\n", "// END upsample_aa\n"
-    a = text.index(begin) + len(begin)
-    return text[a:text.index(end)]
-
-
 def branch(bicubic):
     """The deterministic path of one entry point, with the forward's scales."""
     name = "bicubic" if bicubic else "bilinear"
-    body = ["// the forward's scales, as area_pixel_compute_scale computes them in the",
-            "// accumulate type (double for double, float otherwise)",
-            "const bool acc_double = grad_output.scalar_type() == at::ScalarType::Double;",
-            "auto det_scale = [&](int64_t in, int64_t out, c10::optional<double> s) -> double {",
-            "  return acc_double",
-            "      ? static_cast<double>(area_pixel_compute_scale<double>(in, out, align_corners, s))",
-            "      : static_cast<double>(area_pixel_compute_scale<float>(in, out, align_corners, s));",
-            "};",
-            f"upsample_aa_backward_deterministic(grad_input, grad_output, /*bicubic=*/{'true' if bicubic else 'false'},",
-            "                                   det_scale(input_size[2], output_size[0], scales_h),",
-            "                                   det_scale(input_size[3], output_size[1], scales_w));",
-            "return;"]
+    body = FORWARD_SCALE_LAMBDA + [
+        f"upsample_aa_backward_deterministic(grad_input, grad_output, /*bicubic=*/{'true' if bicubic else 'false'},",
+        "                                   det_scale(input_size[2], output_size[0], scales_h),",
+        "                                   det_scale(input_size[3], output_size[1], scales_w));",
+        "return;"]
     alert = f"upsample_{name}2d_aa_backward_out_cuda"
     return alert, det_branch("  ", "globalContext().deterministicAlgorithms()", body, alert)
 
@@ -72,16 +55,11 @@ def transform(src):
     src = replace_once(src, FORWARD_KERNEL,
                        "// Deterministic antialiased interpolation backward (patcher, PT-0232): one\n"
                        "// writer per grad_input element, a fixed order of additions.\n" +
-                       section() + "\n" + FORWARD_KERNEL)
+                       common.kernel_sections(("det_kernels_aa.cuh",), "upsample_aa") + "\n" + FORWARD_KERNEL)
     for bicubic in (False, True):
         alert, new = branch(bicubic)
         entry = f"TORCH_IMPL_FUNC(_upsample_{'bicubic' if bicubic else 'bilinear'}2d_aa_backward_out_cuda) ("
-        src = replace_after(
-            src, entry,
-            "  // See Note [Writing Nondeterministic Operations]\n"
-            "  // Nondeterministic because of atomicAdd usage\n"
-            f"  globalContext().alertNotDeterministic(\"{alert}\");\n",
-            new)
+        src = replace_after(src, entry, upstream_alert(alert), new)
     return src
 
 
@@ -130,46 +108,11 @@ Upstream has no alert test for these ops.
 """
 
 
-def series_before(out_dir):
-    names = []
-    for line in open(os.path.join(out_dir, "series")):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        if name == PATCH_FILE:
-            break
-        if os.path.isfile(os.path.join(out_dir, name)):
-            names.append(name)
-    return names
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    args = ap.parse_args()
-    tree = os.path.abspath(args.tree)
-    mpr.series_before = series_before  # the base: the series up to this patch
-    with tempfile.TemporaryDirectory(prefix="detbwaa-patches-", dir="/tmp") as scratch:
-        repo = mpr.base_repo(tree, scratch, args.out, "repo")
-        path = os.path.join(repo, TARGET)
-        with open(path) as f:
-            src = f.read()
-        with open(path, "w") as f:
-            f.write(transform(src))
-        mpr.mp.git(repo, "add", "--force", TARGET)
-        message = (SUBJECT + "\n\n" + BODY + "\n" + TAIL.format(ev=EVIDENCE) +
-                   trailers(PATCH_ID, "none", "none", PROBES, UPSTREAM_TESTS))
-        mpr.git_commit(repo, message, scratch)
-        patch = mpr.mp.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                           "--full-index", "HEAD")
-        out_path = os.path.join(args.out, PATCH_FILE)
-        with open(out_path, "wb") as f:
-            f.write(patch)
-        print("wrote", out_path)
-        check = mpr.base_repo(tree, scratch, args.out, "check")
-        subprocess.run(["git", "apply", "--check", os.path.abspath(out_path)], cwd=check, check=True)
-        print("applies after", len(series_before(args.out)), "series patches")
+    args = common.parse_args()
+    message = common.commit_message(SUBJECT, BODY, TAIL.format(ev=EVIDENCE),
+                                    common.trailers(PATCH_ID, "none", PROBES, UPSTREAM_TESTS))
+    common.make_after_series(args.tree, args.out, [(PATCH_FILE, {TARGET: transform}, message)])
     return 0
 
 

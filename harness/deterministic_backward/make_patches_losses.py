@@ -16,20 +16,19 @@ series is checked to apply.
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_patches as mp  # noqa: E402  (walk_series, test_torch.py expectations)
-import make_patches17 as m17  # noqa: E402  (sections, includes, branches, trailers)
+import make_patches17 as m17  # noqa: E402  (includes, sections, alert notes, specs)
+import make_patches_common as common  # noqa: E402
+from make_patches_common import CUDA, replace_after, replace_once  # noqa: E402
 
-CUDA = m17.CUDA
 NATIVE = "aten/src/ATen/native/"
 HEADERS = ("det_accumulate.cuh", "det_kernels_losses.cuh")
 EVIDENCE = ("evidence/gpu/deterministic-issue18-losses-ops.json and "
             "deterministic-issue18-losses-training.json in the patcher repository")
-ALLOCATOR = ["#include <c10/cuda/CUDACachingAllocator.h>"]
+ALLOCATOR = m17.ALLOCATOR
 
 
 def add_sections(src, names):
@@ -40,7 +39,7 @@ def add_sections(src, names):
 def t_nll2d(src):
     src = m17.add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "nll_reduce"])
-    src = m17.replace_once(
+    src = replace_once(
         src,
         "  // See Note [Writing Nondeterministic Operations]\n"
         "  // Nondeterministic because of atomicAdd usage in 'sum' or 'mean' reductions.\n"
@@ -67,14 +66,13 @@ def t_nll2d(src):
 
 def t_nll1d(src):
     # Loss.cu lacks the CUDAContext.h anchor of add_includes: its own list after Resize.h
-    lines = src.split("\n")
-    want = ["#include <ATen/OpMathType.h>", "#include <ATen/cuda/CUDAContext.h>",
-            "#include <c10/cuda/CUDACachingAllocator.h>", "#include <c10/cuda/CUDAException.h>",
-            "#include <c10/macros/Macros.h>"] + m17.STD
-    anchor = "#include <ATen/native/Resize.h>\n"
-    src = m17.replace_once(src, anchor, anchor + "".join(w + "\n" for w in want if w not in lines))
+    src = common.insert_missing_includes(
+        src, "#include <ATen/native/Resize.h>\n",
+        ["#include <ATen/OpMathType.h>", "#include <ATen/cuda/CUDAContext.h>",
+         "#include <c10/cuda/CUDACachingAllocator.h>", "#include <c10/cuda/CUDAException.h>",
+         "#include <c10/macros/Macros.h>"] + m17.STD)
     src = add_sections(src, ["det_common", "nll_reduce"])
-    return m17.replace_after(
+    return replace_after(
         src, "void nll_loss_forward_out_cuda_template(",
         "  if (n_dims == 1) {\n",
         "  // 1-D input: torch's kernels (one thread, or one block of 32) are already\n"
@@ -110,7 +108,7 @@ CTC_CALL = """\
 def t_ctc(src):
     src = m17.add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "ctc_nonblank"])
-    src = m17.replace_once(
+    src = replace_once(
         src,
         "  bool is_large = (2*log_probs.size(0)+(24*batch_size)/10+(2*num_labels)/10) > 450;\n"
         "  if (is_large) { // large alphabet, large batch\n",
@@ -120,17 +118,15 @@ def t_ctc(src):
         "  // the non-blank terms gathered per label in a fixed order instead of atomicAdd.\n"
         "  const bool deterministic = globalContext().deterministicAlgorithms();\n"
         "  if (is_large || deterministic) { // large alphabet, large batch\n")
-    src = m17.replace_once(
+    src = replace_once(
         src, "    ctc_loss_backward_collect_nonblank_gpu_kernel<scalar_t, target_t><<<grid, block, 0, stream>>>\n",
         CTC_CALL + "    ctc_loss_backward_collect_nonblank_gpu_kernel<scalar_t, target_t><<<grid, block, 0, stream>>>\n")
-    src = m17.replace_once(
+    src = replace_once(
         src, "    C10_CUDA_KERNEL_LAUNCH_CHECK();\n  } else { // small problem, use naive algorithm\n",
         "    C10_CUDA_KERNEL_LAUNCH_CHECK();\n    }\n  } else { // small problem, use naive algorithm\n")
-    return m17.replace_once(
+    return replace_once(
         src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"ctc_loss_backward_gpu\");\n",
+        m17.upstream_alert("ctc_loss_backward_gpu"),
         "  // See Note [Writing Nondeterministic Operations]: the atomicAdd of the\n"
         "  // non-blank terms is replaced under the flag (see the template), so this\n"
         "  // op no longer alerts.\n")
@@ -139,11 +135,9 @@ def t_ctc(src):
 def t_embedding_bag(src):
     src = m17.add_includes(src, ALLOCATOR)
     src = add_sections(src, ["det_common", "det_fixed_point", "touched_fixed_point", "embedding_bag_max"])
-    return m17.replace_once(
+    return replace_once(
         src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"embedding_bag_backward_cuda_max\");\n\n"
+        m17.upstream_alert("embedding_bag_backward_cuda_max") + "\n"
         "  auto grad_weight = at::zeros({num_weights, grad.size(1)}, grad.options());\n",
         "  auto grad_weight = at::zeros({num_weights, grad.size(1)}, grad.options());\n\n"
         "  // See Note [Writing Nondeterministic Operations]. Under\n"
@@ -157,7 +151,7 @@ def t_embedding_bag(src):
 
 
 def t_put_cpp(src):
-    src = m17.replace_once(
+    src = replace_once(
         src,
         "  // See note [Writing Nondeterministic Operations]\n"
         "  // Nondeterministic when index contains duplicate entries and we do not accumulate\n"
@@ -177,7 +171,7 @@ def t_put_cpp(src):
         "                         : (!accumulate || (accumulate && self.device().type() == DeviceType::CUDA))) {\n"
         "    at::globalContext().alertNotDeterministic(\"put_\");\n"
         "  }\n")
-    return m17.replace_once(
+    return replace_once(
         src,
         "  auto index_reshaped = index.reshape(source.sizes());\n",
         "  if (cuda_deterministic && !self.is_contiguous()) {\n"
@@ -208,7 +202,7 @@ def t_put_cpp(src):
 def t_put_cu(src):
     src = m17.add_includes(src, ALLOCATOR + ["#include <ATen/Context.h>"])
     src = add_sections(src, ["det_common", "det_fixed_point", "touched_fixed_point", "put"])
-    return m17.replace_once(
+    return replace_once(
         src,
         "void put_kernel(TensorIterator& iter, const TensorBase& output, const bool accumulate) {\n",
         "void put_kernel(TensorIterator& iter, const TensorBase& output, const bool accumulate) {\n"
@@ -265,34 +259,14 @@ PATCHES = [
 
 
 def message(spec):
-    names = m17.alert_test_names(spec)
-    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    cpu_only = any(caller for _, caller in spec["alerts"])
-    tail = TAIL.format(ev=EVIDENCE, alert_tests=listed, them="it" if len(names) == 1 else "them",
-                       cpu_note=" (the CPU kernel still alerts without accumulate)" if cpu_only else "")
-    return (spec["subject"] + "\n\n" + BODIES[spec["pid"]] + "\n" + tail +
-            m17.trailers(spec["pid"], spec["bug"], "none", spec["probe"], m17.upstream_tests(spec)))
-
-
-def series_specs(only=()):
-    out = {}
-    for spec in PATCHES:
-        if only and spec["pid"] not in only:
-            continue
-        transforms = dict(spec["files"])
-        transforms[mp.TEST_TORCH] = m17.test_transform(spec)
-        out[spec["file"]] = (transforms, message(spec))
-    return out
+    tail = m17.alert_tail(spec, TAIL, EVIDENCE, " (the CPU kernel still alerts without accumulate)")
+    return common.commit_message(spec["subject"], BODIES[spec["pid"]], tail,
+                                 common.trailers(spec["pid"], spec["bug"], spec["probe"], m17.upstream_tests(spec)))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    ap.add_argument("--only", default="", help="comma-separated patch ids")
-    args = ap.parse_args()
-    only = {p for p in args.only.split(",") if p}
-    mp.walk_series(os.path.abspath(args.tree), args.out, series_specs(only))
+    args = common.parse_args(with_only=True)
+    common.walk_series(args.tree, args.out, m17.series_specs(args.only, patches=PATCHES, message=message))
     return 0
 
 

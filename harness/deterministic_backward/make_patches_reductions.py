@@ -15,39 +15,24 @@ git format-patch; every patch is then checked with git apply --check in order.
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_patches as mp  # noqa: E402  (git helpers, identity and date)
-from make_patches17 import ISSUES, replace_after, replace_once, trailers  # noqa: E402
+import make_patches_common as common  # noqa: E402
+from make_patches17 import defer_alert  # noqa: E402
+from make_patches_common import CUDA, ISSUES, replace_once  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CUDA = "aten/src/ATen/native/cuda/"
 TEST = "test/test_torch.py"
 EVIDENCE = ("evidence/gpu/deterministic-issue18-reductions-ops.json and "
             "deterministic-issue18-reductions-workload.json in the patcher repository")
-
-
-def sections(*names):
-    text = open(os.path.join(HERE, "det_accumulate.cuh")).read() + open(
-        os.path.join(HERE, "det_kernels_reductions.cuh")).read()
-    out = []
-    for name in names:
-        begin, end = f"// BEGIN {name}\n", f"// END {name}\n"
-        a = text.index(begin) + len(begin)
-        out.append(text[a:text.index(end)])
-    return "".join(out)
+HEADERS = ("det_accumulate.cuh", "det_kernels_reductions.cuh")
 
 
 def block(names):
     return ("// Deterministic kernels (patcher, issue 18): integer counts and sums, an exact\n"
             "// order-statistic rule, scans of fixed association; see the comments in each section.\n"
-            "namespace {\n\n" + sections(*names) + "\n} // namespace\n\n")
+            "namespace {\n\n" + common.kernel_sections(HEADERS, *names) + "\n} // namespace\n\n")
 
 
 INCLUDES = ["#include <ATen/OpMathType.h>", "#include <c10/cuda/CUDACachingAllocator.h>",
@@ -56,9 +41,7 @@ STD = ["#include <algorithm>", "#include <cstdint>", "#include <limits>", "#incl
 
 
 def add_includes(src, anchor, extra=()):
-    lines = src.split("\n")
-    want = [i for i in list(extra) + INCLUDES + STD if i not in lines]
-    return replace_once(src, anchor, anchor + "".join(w + "\n" for w in want))
+    return common.insert_missing_includes(src, anchor, list(extra) + INCLUDES + STD)
 
 
 NOTE = ("// See Note [Writing Nondeterministic Operations]. Under\n"
@@ -84,12 +67,7 @@ def t_histc(src):
     src = replace_once(src, "} // namespace cuda\n\nnamespace {\n///////////////// bincount",
                        "} // namespace cuda\n\n" + block(["det_common", "det_fixed_point", "det_histogram"]) +
                        "namespace {\n///////////////// bincount")
-    src = replace_once(
-        src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"_histc_cuda\");\n",
-        "  // See Note [Writing Nondeterministic Operations]: see _histc_cuda_template.\n")
+    src = defer_alert(src, "_histc_cuda", "_histc_cuda_template")
     src = replace_once(
         src,
         "  TORCH_CHECK(minvalue < maxvalue, \"max must be larger than min\");\n\n"
@@ -107,12 +85,7 @@ def t_histc(src):
 
 
 def t_bincount(src):
-    src = replace_once(
-        src,
-        "  // See Note [Writing Nondeterministic Operations]\n"
-        "  // Nondeterministic because of atomicAdd usage\n"
-        "  globalContext().alertNotDeterministic(\"_bincount_cuda\");\n",
-        "  // See Note [Writing Nondeterministic Operations]: see _bincount_cuda_template.\n")
+    src = defer_alert(src, "_bincount_cuda", "_bincount_cuda_template")
     src = replace_once(
         src,
         "  const bounds_t maxvalue = nbins;\n",
@@ -444,86 +417,18 @@ constants, never on the grid or the GPU. Without the flag the look-back
 scan stays.
 """),
 ]
-MINE = {spec["file"] for spec in PATCHES}
 
 
-def git_commit(repo, message, scratch):
-    msg_file = os.path.join(scratch, "msg")
-    with open(msg_file, "w") as f:
-        f.write(message)
-    mp.git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
-
-
-def series_before(out_dir):
-    """The series' patch files up to (not including) the first of these five."""
-    names = []
-    for line in open(os.path.join(out_dir, "series")):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        if name in MINE:
-            break
-        if not os.path.isfile(os.path.join(out_dir, name)):
-            print("note: %s is listed in the series but not written yet; the base leaves it out" % name)
-            continue
-        names.append(name)
-    return names
-
-
-def base_repo(tree, scratch, out_dir, name):
-    repo = os.path.join(scratch, name)
-    if os.path.exists(repo):
-        shutil.rmtree(repo)
-    shutil.copytree(tree, repo, symlinks=True)
-    mp.git(repo, "init", "-q")
-    mp.git(repo, "add", "--force", "-A")
-    mp.git(repo, "commit", "-q", "--no-verify", "-m", "pristine 1.13.1")
-    for earlier in series_before(out_dir):
-        applied = subprocess.run(["git", "apply", "--index", os.path.abspath(os.path.join(out_dir, earlier))],
-                                 cwd=repo, capture_output=True, text=True)
-        if applied.returncode != 0:
-            # a patch of the series that does not apply in order is that patch's problem (the
-            # real-tree test names it); these five are made on the rest
-            print("warning: %s does not apply in series order, left out of the base: %s"
-                  % (earlier, applied.stderr.strip().splitlines()[0] if applied.stderr.strip() else ""))
-            continue
-        mp.git(repo, "commit", "-q", "--no-verify", "-m", earlier)
-    return repo
+def message(spec):
+    return common.commit_message(spec["subject"], spec["body"],
+                                 COMMON_TAIL.format(ev=EVIDENCE, alert_test=spec["alert_test"]),
+                                 common.trailers(spec["pid"], spec["bug"], spec["probe"], spec["tests"]))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    args = ap.parse_args()
-    tree = os.path.abspath(args.tree)
-    with tempfile.TemporaryDirectory(prefix="detbw18b-patches-", dir="/tmp") as scratch:
-        repo = base_repo(tree, scratch, args.out, "repo")
-        for spec in PATCHES:
-            for rel, transform in spec["files"].items():
-                path = os.path.join(repo, rel)
-                with open(path) as f:
-                    src = f.read()
-                with open(path, "w") as f:
-                    f.write(transform(src))
-                mp.git(repo, "add", "--force", rel)
-            message = (spec["subject"] + "\n\n" + spec["body"] + "\n" +
-                       COMMON_TAIL.format(ev=EVIDENCE, alert_test=spec["alert_test"]) +
-                       trailers(spec["pid"], spec["bug"], "none", spec["probe"], spec["tests"]))
-            git_commit(repo, message, scratch)
-            patch = mp.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                           "--full-index", "HEAD")
-            with open(os.path.join(args.out, spec["file"]), "wb") as f:
-                f.write(patch)
-            print("wrote", os.path.join(args.out, spec["file"]))
-        # every patch applies in order on the tree with the earlier series applied
-        check = base_repo(tree, scratch, args.out, "check")
-        for spec in PATCHES:
-            subprocess.run(["git", "apply", "--check", os.path.abspath(os.path.join(args.out, spec["file"]))],
-                           cwd=check, check=True)
-            subprocess.run(["git", "apply", os.path.abspath(os.path.join(args.out, spec["file"]))],
-                           cwd=check, check=True)
-        print("all five apply in order after", len(series_before(args.out)), "series patches")
+    args = common.parse_args()
+    common.make_after_series(args.tree, args.out,
+                             [(spec["file"], spec["files"], message(spec)) for spec in PATCHES])
     return 0
 
 

@@ -15,12 +15,12 @@ release.
 """
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_patches as base  # noqa: E402
+from make_patches_common import commit_patch, scratch_repo  # noqa: E402
 
 # What is true of each port beyond the 1.13.1 proof the messages carry.
 PORT_NOTES = {
@@ -61,28 +61,10 @@ def main():
     tree = os.path.abspath(args.tree)
     os.makedirs(args.out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="detbw-patches-", dir="/tmp") as scratch:
-        repo = os.path.join(scratch, "repo")
-        shutil.copytree(tree, repo, symlinks=True)
-        base.git(repo, "init", "-q")
-        base.git(repo, "add", "--force", "-A")
-        base.git(repo, "commit", "-q", "--no-verify", "-m", f"pristine {args.release}")
+        repo = scratch_repo(tree, scratch, label=f"pristine {args.release}")
         for name, message, transforms in PATCHES:  # in series order, each on top of the last
-            for relpath, transform in transforms.items():
-                path = os.path.join(repo, relpath)
-                with open(path) as f:
-                    src = f.read()
-                with open(path, "w") as f:
-                    f.write(transform(src))
-                base.git(repo, "add", "--force", relpath)
-            msg_file = os.path.join(scratch, "msg")
-            with open(msg_file, "w") as f:
-                f.write(for_release(message, args.release))
-            base.git(repo, "commit", "-q", "--no-verify", "--cleanup=verbatim", "-F", msg_file)
-            patch = base.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                             "--full-index", "HEAD")
-            with open(os.path.join(args.out, name), "wb") as f:
-                f.write(patch)
-            print("wrote", os.path.join(args.out, name))
+            commit_patch(repo, scratch, transforms, for_release(message, args.release),
+                         os.path.join(args.out, name))
     return 0
 
 

@@ -14,48 +14,24 @@ precede these two, exported with git format-patch, and checked with git apply --
 
 --tree is the extracted pytorch_1.13.1+dfsg.orig.tar.xz (left untouched; it is copied).
 """
-import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_patches_reductions as mpr  # noqa: E402  (scratch repository, includes, commit helpers)
-from make_patches17 import replace_once, trailers  # noqa: E402
+import make_patches_common as common  # noqa: E402
+import make_patches_reductions as mpr  # noqa: E402  (add_includes: its include lists)
+from make_patches_common import CUDA, replace_once  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-CUDA = "aten/src/ATen/native/cuda/"
 EVIDENCE = ("evidence/gpu/deterministic-issue18-scatter-index-reduce-ops.json and "
             "determinism-all-kernels-h200.json in the patcher repository")
-
-
-def section():
-    text = open(os.path.join(HERE, "det_kernels_scatter.cuh")).read()
-    begin, end = "// BEGIN det_gather_reduce\n", "// END det_gather_reduce\n"
-    a = text.index(begin) + len(begin)
-    return text[a:text.index(end)]
-
-
-SORT = """\
-// Stable (key, value) radix sort over key bits [0, end_bit), on the current
-// stream; used by the deterministic scatter/index reductions below.
-static void det_gr_sort_pairs(
-    const int64_t* keys_in, int64_t* keys_out,
-    const int64_t* values_in, int64_t* values_out,
-    int64_t n, int end_bit) {
-  at::cuda::cub::radix_sort_pairs<int64_t, int64_t>(
-      keys_in, keys_out, values_in, values_out, n,
-      /*descending=*/false, /*begin_bit=*/0, /*end_bit=*/end_bit);
-}
-
-"""
+SORT = common.radix_sort_pairs_wrapper("det_gr_sort_pairs", "scatter/index reductions")
 
 
 def block():
     return ("// Deterministic scatter/index reductions (patcher, issue 18): contributions gathered by\n"
             "// target with a stable sort, each target reduced by one thread in the CPU's order.\n"
-            "namespace {\n\n" + SORT + section() + "\n} // namespace\n\n")
+            "namespace {\n\n" + SORT +
+            common.kernel_sections(("det_kernels_scatter.cuh",), "det_gather_reduce") + "\n} // namespace\n\n")
 
 
 NOTE = ("  // See Note [Writing Nondeterministic Operations]. Under\n"
@@ -198,55 +174,18 @@ gather kernel of PT-0230 (a copy of the same text in this file). Without
 the flag the atomic kernels stay.
 """),
 ]
-MINE = {spec["file"] for spec in PATCHES}
 
 
-def series_before(out_dir):
-    names = []
-    for line in open(os.path.join(out_dir, "series")):
-        name = line.split("#", 1)[0].strip()
-        if not name:
-            continue
-        if name in MINE:
-            break
-        if os.path.isfile(os.path.join(out_dir, name)):
-            names.append(name)
-    return names
+def message(spec):
+    return common.commit_message(spec["subject"], spec["body"],
+                                 COMMON_TAIL.format(ev=EVIDENCE, what=spec["what"]),
+                                 common.trailers(spec["pid"], spec["bug"], spec["probe"], spec["tests"]))
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tree", required=True, help="extracted pristine pytorch 1.13.1 tree")
-    ap.add_argument("--out", required=True, help="patches/1.13.1 directory")
-    args = ap.parse_args()
-    tree = os.path.abspath(args.tree)
-    mpr.series_before = series_before  # the base: the series up to the first of these two
-    with tempfile.TemporaryDirectory(prefix="detbw18c-patches-", dir="/tmp") as scratch:
-        repo = mpr.base_repo(tree, scratch, args.out, "repo")
-        for spec in PATCHES:
-            for rel, transform in spec["files"].items():
-                path = os.path.join(repo, rel)
-                with open(path) as f:
-                    src = f.read()
-                with open(path, "w") as f:
-                    f.write(transform(src))
-                mpr.mp.git(repo, "add", "--force", rel)
-            message = (spec["subject"] + "\n\n" + spec["body"] + "\n" +
-                       COMMON_TAIL.format(ev=EVIDENCE, what=spec["what"]) +
-                       trailers(spec["pid"], spec["bug"], "none", spec["probe"], spec["tests"]))
-            mpr.git_commit(repo, message, scratch)
-            patch = mpr.mp.git(repo, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
-                               "--full-index", "HEAD")
-            with open(os.path.join(args.out, spec["file"]), "wb") as f:
-                f.write(patch)
-            print("wrote", os.path.join(args.out, spec["file"]))
-        check = mpr.base_repo(tree, scratch, args.out, "check")
-        for spec in PATCHES:
-            subprocess.run(["git", "apply", "--check", os.path.abspath(os.path.join(args.out, spec["file"]))],
-                           cwd=check, check=True)
-            subprocess.run(["git", "apply", os.path.abspath(os.path.join(args.out, spec["file"]))],
-                           cwd=check, check=True)
-        print("both apply in order after", len(series_before(args.out)), "series patches")
+    args = common.parse_args()
+    common.make_after_series(args.tree, args.out,
+                             [(spec["file"], spec["files"], message(spec)) for spec in PATCHES])
     return 0
 
 
