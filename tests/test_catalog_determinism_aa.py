@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_catalog_determinism import _added_text, _commit_message, _removed_lines
+from tests.test_catalog_determinism import (
+    _added_text,
+    _commit_message,
+    _removed_lines,
+    ran_cases,
+    read_evidence,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
@@ -44,12 +50,7 @@ def _series() -> list[str]:
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    assert OPS_JSON.is_file(), f"missing {OPS_JSON}"
-    return json.loads(OPS_JSON.read_text())
-
-
-def _ran(ops: dict) -> list[dict]:
-    return [c for c in ops["cases"] if "error" not in c and "skipped" not in c]
+    return read_evidence(OPS_JSON)
 
 
 def test_evidence_comes_from_an_h200_run(ops):
@@ -58,7 +59,7 @@ def test_evidence_comes_from_an_h200_run(ops):
 
 
 def test_every_case_ran_bitwise_and_every_op_kind_dtype_and_layout_is_covered(ops):
-    ran = _ran(ops)
+    ran = ran_cases(ops)
     assert len(ran) == len(ops["cases"]) >= 20
     for case in ran:
         assert case["bitwise_equal_repeats"] == case["repeats"], (case["op"], case["name"], case["dtype"])
@@ -72,7 +73,7 @@ def test_every_case_ran_bitwise_and_every_op_kind_dtype_and_layout_is_covered(op
 
 
 def test_errors_and_times_are_recorded_and_torchs_shared_memory_bound_is_shown(ops):
-    for case in _ran(ops):
+    for case in ran_cases(ops):
         assert case["max_abs_err_vs_fp64_ours"] >= 0 and case["timing"]["ours_ms"] > 0
         if "torch_error" in case:  # torch's kernel refuses a support this large
             assert "shared memory" in case["torch_error"] and case["kind"] == "contention"
@@ -82,7 +83,7 @@ def test_errors_and_times_are_recorded_and_torchs_shared_memory_bound_is_shown(o
             assert case["max_abs_err_vs_fp64_ours"] <= case["max_abs_err_vs_fp64_torch"]
         else:  # against fp64 with the kernels' own float scale (the rounding of the scale is shared)
             assert case["error_ratio_same_scale"] <= 1.0, (case["op"], case["name"], case["dtype"])
-    assert any("torch_error" in c for c in _ran(ops))
+    assert any("torch_error" in c for c in ran_cases(ops))
 
 
 def test_torch_raises_under_the_flag_and_ours_runs_repeatably(ops):

@@ -8,12 +8,13 @@ evidence/gpu/. These tests hold the patches and the recorded proof to what the R
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.test_catalog_determinism import ran_cases, read_evidence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
@@ -69,14 +70,12 @@ def _added(patch: Path, path: str) -> str:
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    assert OPS_JSON.is_file(), f"missing {OPS_JSON}"
-    return json.loads(OPS_JSON.read_text())
+    return read_evidence(OPS_JSON)
 
 
 @pytest.fixture(scope="module")
 def training() -> dict:
-    assert TRAIN_JSON.is_file(), f"missing {TRAIN_JSON}"
-    return json.loads(TRAIN_JSON.read_text())
+    return read_evidence(TRAIN_JSON)
 
 
 # --- the recorded proof ------------------------------------------------------------------------
@@ -87,12 +86,8 @@ def test_evidence_comes_from_an_h200_run(ops, training):
     assert ops["repeats"] >= 25
 
 
-def _ran(ops):
-    return [c for c in ops["cases"] if "error" not in c and "skipped" not in c]
-
-
 def test_every_case_ran_and_is_bitwise_stable(ops):
-    ran = _ran(ops)
+    ran = ran_cases(ops)
     # one case could not run: torch 2.11 has no bfloat16 EmbeddingBag(max) backward to compare with
     failed = [(c["op"], c["dtype"]) for c in ops["cases"] if c not in ran]
     assert failed == [("embedding_bag_max", "bf16")]
@@ -108,7 +103,7 @@ def test_every_case_ran_and_is_bitwise_stable(ops):
 
 
 def test_errors_and_times_are_recorded(ops):
-    for case in _ran(ops):
+    for case in ran_cases(ops):
         if case["dtype"] == "fp16" and case["max_abs_ref"] > 65504:
             # NLLLoss2d's total weight beyond fp16's range: not finite on both sides
             assert case["op"] == "nll_loss2d" and not math.isfinite(case["max_abs_err_vs_fp64_torch"])
@@ -120,7 +115,7 @@ def test_errors_and_times_are_recorded(ops):
 
 
 def test_put_without_accumulate_follows_the_single_threaded_cpu(ops):
-    cases = [c for c in _ran(ops) if c["op"] == "put"]
+    cases = [c for c in ran_cases(ops) if c["op"] == "put"]
     assert cases and all(c["equals_single_thread_cpu"] is True for c in cases), [c["name"] for c in cases]
     assert all(c["max_abs_err_vs_fp64_ours"] == 0.0 for c in cases)
     assert not [c["name"] for c in cases if c["torch_cuda_equals_single_thread_cpu"]]  # torch's races

@@ -8,13 +8,14 @@ These tests hold the recorded proof and the patches to issue 18's bar.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.test_catalog_determinism import ran_cases, read_evidence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
@@ -53,18 +54,12 @@ def _section(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    assert OPS_JSON.is_file(), f"missing {OPS_JSON}"
-    return json.loads(OPS_JSON.read_text())
+    return read_evidence(OPS_JSON)
 
 
 @pytest.fixture(scope="module")
 def workload() -> dict:
-    assert WORKLOAD_JSON.is_file(), f"missing {WORKLOAD_JSON}"
-    return json.loads(WORKLOAD_JSON.read_text())
-
-
-def _ran(ops: dict) -> list[dict]:
-    return [c for c in ops["cases"] if "error" not in c and "skipped" not in c]
+    return read_evidence(WORKLOAD_JSON)
 
 
 def test_evidence_comes_from_an_h200_run(ops, workload):
@@ -76,7 +71,7 @@ def test_evidence_comes_from_an_h200_run(ops, workload):
 
 def test_every_case_is_bitwise_stable_and_every_op_and_kind_is_covered(ops):
     cases = ops["cases"]
-    ran = _ran(ops)
+    ran = ran_cases(ops)
     assert not [c for c in cases if "error" in c], [c for c in cases if "error" in c]
     assert len(ran) >= 40
     for case in ran:
@@ -90,7 +85,7 @@ def test_every_case_is_bitwise_stable_and_every_op_and_kind_is_covered(ops):
 
 
 def test_small_cases_are_latency_bound_calls(ops):
-    small = [c for c in _ran(ops) if c["kind"] == "small"]
+    small = [c for c in ran_cases(ops) if c["kind"] == "small"]
     assert {c["op"] for c in small} == set(OPS)
     for case in small:
         # torch's bincount synchronises with the host twice (min and max of the input) before it launches
@@ -100,7 +95,7 @@ def test_small_cases_are_latency_bound_calls(ops):
 
 
 def test_errors_and_times_are_recorded(ops):
-    for case in _ran(ops):
+    for case in ran_cases(ops):
         t = case["timing"]
         assert t["torch_ms"] > 0 and t["ours_ms"] > 0
         assert t["ratio"] == pytest.approx(t["ours_ms"] / t["torch_ms"])
@@ -115,7 +110,7 @@ def test_errors_and_times_are_recorded(ops):
 
 
 def test_order_statistics_match_the_cpu(ops):
-    selects = [c for c in _ran(ops) if c["op"] in ("kthvalue", "median", "nanmedian")]
+    selects = [c for c in ran_cases(ops) if c["op"] in ("kthvalue", "median", "nanmedian")]
     assert selects
     for case in selects:
         assert case["values_equal_cpu_ours"] is True, case["name"]

@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_catalog_determinism import _added_text, _commit_message, _removed_lines
+from tests.test_catalog_determinism import (
+    _added_text,
+    _commit_message,
+    _removed_lines,
+    ran_cases,
+    read_evidence,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
@@ -44,12 +50,7 @@ def _section() -> str:
 
 @pytest.fixture(scope="module")
 def ops() -> dict:
-    assert OPS_JSON.is_file(), f"missing {OPS_JSON}"
-    return json.loads(OPS_JSON.read_text())
-
-
-def _ran(ops: dict) -> list[dict]:
-    return [c for c in ops["cases"] if "error" not in c and "skipped" not in c]
+    return read_evidence(OPS_JSON)
 
 
 def test_evidence_comes_from_an_h200_run(ops):
@@ -61,7 +62,7 @@ def test_every_case_is_bitwise_stable_and_every_op_and_kind_is_covered(ops):
     # the recorded run measured scatter_reduce(prod) only: its time ran out before the contention,
     # scatter_(reduce=) and index_reduce cases (the harness README says so); index_reduce and
     # scatter_(reduce="multiply") are proved by the smoke log and the probe run below
-    ran = _ran(ops)
+    ran = ran_cases(ops)
     assert len(ran) >= 10
     for case in ran:
         assert case["bitwise_equal_repeats"] == case["repeats"], (case["op"], case["name"], case["dtype"])
@@ -71,7 +72,7 @@ def test_every_case_is_bitwise_stable_and_every_op_and_kind_is_covered(ops):
 
 
 def test_results_equal_the_cpu_and_times_are_recorded(ops):
-    for case in _ran(ops):
+    for case in ran_cases(ops):
         assert case["equal_cpu_ours"] is True, (case["op"], case["name"], case["dtype"])
         assert case["timing"]["ours_ms"] > 0 and case["timing"]["torch_ms"] > 0
         if case["dtype"] in ("float32", "float64", "float16", "bfloat16"):

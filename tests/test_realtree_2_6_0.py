@@ -207,7 +207,7 @@ def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_tor
     34 s and 122 s.  Re-record: PATCHER_RECORD_UPSTREAM_TESTS=1 (as test_upstream_tests_debian.py)."""
     from patcher import upstream_tests as ut
     from tests.test_upstream_tests import upstream_wheelhouse
-    from tests.test_upstream_tests_debian import RECORD, _expectation
+    from tests.test_upstream_tests_debian import check_expectations, record_or_read_expectations
 
     series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
     patches.apply_series(series, realtree_checkout_260)
@@ -232,18 +232,10 @@ def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_tor
     assert [(f.split("-")[0], m) for f, m, _ in report.target_provided] == [("numpy", "numpy")]
     # every selected file was collected (an import error is a node named by its file alone)
     assert [(n.node, n.message) for n in report.nodes if "::" not in n.node] == []
-    if RECORD:
-        UPSTREAM_EXPECTATIONS.parent.mkdir(parents=True, exist_ok=True)
-        recorded = {"what": "outcome of each selected upstream test: Debian's pytorch 2.6.0 tree with the 2.6.0 "
-                            "series applied, against trixie's python3-torch 2.6.0 in its container (unpatched)",
-                    "torch": report.torch_version, "python": report.python_version,
-                    "duration_s": report.duration_s,
-                    "selections": {s.selection: _expectation(report, s) for s in report.selections}}
-        UPSTREAM_EXPECTATIONS.write_text(json.dumps(recorded, indent=1) + "\n")
-    expected = json.loads(UPSTREAM_EXPECTATIONS.read_text())["selections"]
-    assert sorted(expected) == sorted(s.selection for s in report.selections)
-    for sel in report.selections:
-        assert _expectation(report, sel) == expected[sel.selection], sel.selection
+    expected = record_or_read_expectations(report, UPSTREAM_EXPECTATIONS, "Debian's pytorch 2.6.0 tree with the "
+                                           "2.6.0 series applied, against trixie's python3-torch 2.6.0 in its container "
+                                           "(unpatched)")
+    assert check_expectations(report, expected) == []  # every selection has its record
     for patch in series.patches:
         assert report.for_patch(patch.id), f"{patch.id}: its Upstream-Tests select nothing in the real tree"
     # the probe's verdict is upstream's: a failing selected test fails the run (exit 50)

@@ -99,16 +99,22 @@ STANDIN_TORCH = "__version__ = '0.0.0+standin'\n\n\nclass cuda:\n" \
                 "    @staticmethod\n    def is_available():\n        return False\n"
 
 
-@pytest.fixture
-def demo_tree(tmp_path) -> tuple[Path, Path]:
+def standin_tree(tmp_path: Path, tests: dict[str, str]) -> tuple[Path, Path]:
+    """A tree whose test/ holds ``tests`` (file name -> text), and a folder with a stand-in
+    ``torch`` module to put on the target's PYTHONPATH."""
     tree = tmp_path / "tree"
     (tree / "test").mkdir(parents=True)
-    for name, text in DEMO_TESTS.items():
+    for name, text in tests.items():
         (tree / "test" / name).write_text(text)
     fake = tmp_path / "standin-torch"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
     return tree, fake
+
+
+@pytest.fixture
+def demo_tree(tmp_path) -> tuple[Path, Path]:
+    return standin_tree(tmp_path, DEMO_TESTS)
 
 
 def demo_selections() -> tuple[ut.Selection, ...]:
@@ -224,12 +230,7 @@ def test_numpy_is_the_targets_own_where_it_has_one(has_numpy, tmp_path, wheelhou
     and the tests import it. Given a numpy of its own (here a stand-in on its path), the target
     keeps it and the pinned wheel is left out, recorded as such."""
     assert PYTHON36.is_file(), f"{PYTHON36} is missing: this machine kind's image carries pyenv's 3.6.15"
-    tree = tmp_path / "tree"
-    (tree / "test").mkdir(parents=True)
-    (tree / "test" / "test_numpy.py").write_text(NUMPY_TESTS)
-    fake = tmp_path / "standin"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    tree, fake = standin_tree(tmp_path, {"test_numpy.py": NUMPY_TESTS})
     if has_numpy:
         (fake / "numpy").mkdir()
         (fake / "numpy" / "__init__.py").write_text("__version__ = '0.0+target'\n")
@@ -351,12 +352,7 @@ def test_alone():
 def test_selections_run_at_the_same_time_and_are_reported_in_order(jobs, tmp_path, wheelhouse):
     """Two selections that can only pass together (each waits for the other's file): with two
     jobs they meet, with one they cannot; the result lists selections in the plan's order."""
-    tree = tmp_path / "tree"
-    (tree / "test").mkdir(parents=True)
-    (tree / "test" / "test_meet.py").write_text(MEETING_TESTS)
-    fake = tmp_path / "standin-torch"
-    (fake / "torch").mkdir(parents=True)
-    (fake / "torch" / "__init__.py").write_text(STANDIN_TORCH)
+    tree, fake = standin_tree(tmp_path, {"test_meet.py": MEETING_TESTS})
     meeting = tmp_path / "meet"
     meeting.mkdir()
     tests = patches.parse_upstream_tests("test_meet.py::test_alone, test_meet.py::test_a, test_meet.py::test_b")

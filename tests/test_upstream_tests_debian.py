@@ -68,6 +68,38 @@ def _expectation(report: ut.UpstreamTestReport, sel: ut.SelectionResult) -> dict
     return entry
 
 
+def record_or_read_expectations(report: ut.UpstreamTestReport, path: Path, what: str) -> dict:
+    """The recorded outcome of each selection (written first from ``report`` when RECORD)."""
+    if RECORD:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recorded = {"what": "outcome of each selected upstream test: " + what,
+                    "torch": report.torch_version, "python": report.python_version, "duration_s": report.duration_s,
+                    "selections": {s.selection: _expectation(report, s) for s in report.selections}}
+        path.write_text(json.dumps(recorded, indent=1) + "\n")
+    return json.loads(path.read_text())["selections"]
+
+
+def check_expectations(report: ut.UpstreamTestReport, expected: dict) -> list[str]:
+    """Assert each selection's outcomes as recorded (FLAKY nodes' outcome excepted); a selection
+    with no record yet must pass.  Returns those selections."""
+    unrecorded = []
+    for sel in report.selections:
+        got = _expectation(report, sel)
+        want = expected.get(sel.selection)
+        if want is None:
+            unrecorded.append(sel.selection)
+            failing = [n.node for n in report.nodes if n.selection == sel.id and n.failing]
+            assert not failing, f"{sel.selection} (no recorded expectation yet) fails: {failing}"
+            continue
+        assert got["count"] == want["count"], sel.selection
+        if "outcomes" in want:
+            assert _steady(got["outcomes"]) == _steady(want["outcomes"]), sel.selection
+        else:
+            assert (got["nodes_sha256"], _steady(got["not_passed"])) == \
+                (want["nodes_sha256"], _steady(want["not_passed"])), sel.selection
+    return unrecorded
+
+
 def _overlay_env(tree: Path, files: list[str], hook: Path) -> dict[str, str]:
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(MODULE_OVERRIDE_SITECUSTOMIZE)
@@ -103,30 +135,9 @@ def test_the_series_selection_on_debian_torch(realtree_checkout, system_torch_py
     assert patches.run_git("status", "--porcelain", "--ignored", cwd=realtree_checkout).stdout.strip() == ""
     assert patches.run_git("rev-parse", "HEAD", cwd=realtree_checkout).stdout.strip() == head
 
-    if RECORD:
-        EXPECTATIONS.parent.mkdir(parents=True, exist_ok=True)
-        recorded = {"what": "outcome of each selected upstream test: Debian's pytorch 1.13.1 tree with the 1.13.1 "
-                            "series applied, against Debian's python3-torch 1.13.1 (the unpatched release)",
-                    "torch": report.torch_version, "python": report.python_version,
-                    "duration_s": report.duration_s,
-                    "selections": {s.selection: _expectation(report, s) for s in report.selections}}
-        EXPECTATIONS.write_text(json.dumps(recorded, indent=1) + "\n")
-    expected = json.loads(EXPECTATIONS.read_text())["selections"]
-    unrecorded = []
-    for sel in report.selections:
-        got = _expectation(report, sel)
-        want = expected.get(sel.selection)
-        if want is None:
-            unrecorded.append(sel.selection)
-            failing = [n.node for n in report.nodes if n.selection == sel.id and n.failing]
-            assert not failing, f"{sel.selection} (no recorded expectation yet) fails: {failing}"
-            continue
-        assert got["count"] == want["count"], sel.selection
-        if "outcomes" in want:
-            assert _steady(got["outcomes"]) == _steady(want["outcomes"]), sel.selection
-        else:
-            assert (got["nodes_sha256"], _steady(got["not_passed"])) == \
-                (want["nodes_sha256"], _steady(want["not_passed"])), sel.selection
+    expected = record_or_read_expectations(report, EXPECTATIONS, "Debian's pytorch 1.13.1 tree with the 1.13.1 series "
+                                           "applied, against Debian's python3-torch 1.13.1 (the unpatched release)")
+    unrecorded = check_expectations(report, expected)
     if unrecorded:
         print("  no recorded expectation yet (must pass): " + "; ".join(unrecorded))
     # what the catalog's selections are for: each patch's own selection ran some tests here
