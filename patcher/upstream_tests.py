@@ -16,9 +16,9 @@ How it runs:
   --require-hashes`` (pip's own index settings, or patcher's ``pypi_index``), a binary wheel
   per target interpreter (CPython, manylinux x86_64) where a project has no pure-Python one.
   Nothing is downloaded while the tests run.
-- numpy is the target's own where it has one (``TARGET_FIRST``): a torch is built against the
-  numpy of its environment, and another one in front of it could break its C API.  The pinned
-  numpy serves a clean venv, such as the probe's venv for a built wheel.
+- numpy (and yaml) is the target's own where it has one (``TARGET_FIRST``): a torch is built
+  against the numpy of its environment, and another one in front of it could break its C API.
+  The pinned ones serve a clean venv, such as the probe's venv for a built wheel.
 - ``patcher/upstream_runner.py`` is the part that runs in the target.  It follows the probe's
   rule (standard library only, Python 3.6 syntax): it checks each wheel's sha256 again, unpacks
   the wheels into the payload (no pip or venv needed in the target), then runs one
@@ -63,7 +63,7 @@ PYTHONS = ("3.6", "3.7", "3.8", "3.9", "3.10", "3.11", "3.12", "3.13")  # the in
 PLATFORM = "manylinux2014_x86_64"  # binary wheels are for this platform (pip also takes older manylinux tags)
 # project -> the module that shows the target has its own copy; the runner then leaves the
 # pinned wheel out (see the module docstring)
-TARGET_FIRST = {"numpy": "numpy"}
+TARGET_FIRST = {"numpy": "numpy", "pyyaml": "yaml"}
 DEFAULT_TIMEOUT_S = 1200  # per selection
 SMOKE_ID = "smoke"
 

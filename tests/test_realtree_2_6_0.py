@@ -229,7 +229,7 @@ def test_the_series_selection_on_debians_2_6_0(realtree_checkout_260, trixie_tor
     assert report.error is None, report.error
     assert report.torch_version.startswith("2.6.0") and report.python_version.startswith("3.13.")
     assert not report.selection_errors, [(s.selection, s.error, s.output_tail[-600:]) for s in report.selection_errors]
-    assert [(f.split("-")[0], m) for f, m, _ in report.target_provided] == [("numpy", "numpy")]
+    assert "numpy" in {module for _, module, _ in report.target_provided}  # Debian's own
     # every selected file was collected (an import error is a node named by its file alone)
     assert [(n.node, n.message) for n in report.nodes if "::" not in n.node] == []
     expected = record_or_read_expectations(report, UPSTREAM_EXPECTATIONS, "Debian's pytorch 2.6.0 tree with the "

@@ -128,8 +128,8 @@ def test_the_series_selection_on_debian_torch(realtree_checkout, system_torch_py
     assert report.torch_version == "1.13.0a0" and report.python_version.startswith("3.11.")
     assert not report.selection_errors, [(s.selection, s.error) for s in report.selection_errors]
     # Debian's torch was built against Debian's numpy: the runner left the pinned one out
-    assert [(f.split("-")[0], module, origin.startswith("/usr/lib/python3/dist-packages/numpy/"))
-            for f, module, origin in report.target_provided] == [("numpy", "numpy", True)]
+    provided = {module: origin for _, module, origin in report.target_provided}
+    assert provided["numpy"].startswith("/usr/lib/python3/dist-packages/numpy/")
     assert not any(f.startswith("numpy-") for f, _ in report.wheels)
     # the tests ran from a copy: the tree is as the series left it
     assert patches.run_git("status", "--porcelain", "--ignored", cwd=realtree_checkout).stdout.strip() == ""
