@@ -39,17 +39,22 @@ PYTHON_LEVEL = {"PT-0101": ["torch/jit/annotations.py"], "PT-0106": ["torch/seri
                 "PT-0109": ["torch/fx/graph.py"]}
 
 
-# Upstream tests whose outcome changes from run to run here, with what was seen; their outcome is
-# reported, not asserted (they are still collected: the node set's digest holds them).
-FLAKY = {
-    # profiler sequence numbers: passed in 2 of the 4 recorded runs of the smoke selection (2026-12-01/02, 2 cores,
-    # other selections running beside it), failed in the others
+# Upstream tests whose outcome changes from run to run here, with what was seen: a node id, or a
+# class ("file::Class::") for all its tests. Their outcome is reported, not asserted (they are
+# still collected and counted: the node set's digest and the count hold them).
+FLAKY = (
+    # profiler sequence numbers: passed in 2 of the 4 recorded runs of the smoke selection
+    # (2026-12-01/02, 2 cores, other selections running beside it), failed in the others
     "test_autograd.py::TestAutograd::test_profiler_seq_nr",
-}
+    # 2.6.0: hypothesis draws new examples every run (no derandomize outside PyTorch's CI);
+    # test_conv2d_transpose failed in the recording run and passed in the next (2026-12-02)
+    "test_xnnpack_integration.py::TestXNNPACKOps::",
+)
 
 
 def _steady(outcomes: dict[str, str]) -> dict[str, str]:
-    return {node: outcome for node, outcome in outcomes.items() if node not in FLAKY}
+    return {node: outcome for node, outcome in outcomes.items()
+            if not any(node == flaky or (flaky.endswith("::") and node.startswith(flaky)) for flaky in FLAKY)}
 
 
 def _digest(nodes) -> str:
