@@ -29,3 +29,12 @@ def test_upstream_tests_ran_on_the_recorded_patched_build_and_none_failed():
     assert len(ids) == 38 and record["wheel"]["sha256"].startswith("61a4699f")
     for patch_id in ids:
         assert upstream.for_patch(patch_id), f"{patch_id}: no upstream test of it ran on the build"
+
+
+def test_the_kept_tree_rebuilds_took_one_file_and_the_way_back_is_the_cold_wheel():
+    """Issue 22 on the real tree: one patch changed, then changed back, on the kept build tree."""
+    cold, warm, back = (json.loads((RUN_DIR / f"record-{name}.json").read_text()) for name in ("cold", "warm", "back"))
+    assert back["wheel"]["sha256"] == cold["wheel"]["sha256"] != warm["wheel"]["sha256"]
+    steps = (RUN_DIR / "steps" / "10-back-to-the-cold-source.txt").read_text()
+    assert "identical: the rebuild after one patch changed (back) is the cold build's wheel" in steps
+    assert "(kept build tree: 1 files changed)" in (RUN_DIR / "steps" / "09-warm-build.txt").read_text()
