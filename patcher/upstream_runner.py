@@ -19,7 +19,8 @@ MANIFEST (written by the host; paths relative to its directory):
     use, at most MAX_AUTO_JOBS), heavy ones first; each is its own process and crash boundary,
     and the result lists them in the manifest's order whatever order they finished in.
 RESULT: {"schema": 1, "error", "python", "python_version", "executable", "torch", "jobs",
-         "installed", "target_provided": [{"file", "module", "origin"}], "selections": [{"id", "args", "returncode", "duration_s", "collected",
+         "installed", "target_provided": [{"file", "module", "origin"}],
+         "selections": [{"id", "args", "returncode", "duration_s", "collected",
          "nodes": [{"node", "outcome", "duration_s", "message"}], "output_tail", "error"}]}
 """
 
@@ -117,14 +118,15 @@ def install(wheels, wheel_dir, site_dir):
     if os.path.isdir(site_dir):
         shutil.rmtree(site_dir)
     os.makedirs(site_dir)
-    installed, kept = [], []
-    for wheel in list(wheels):
+    installed, kept, unpack = [], [], []
+    for wheel in wheels:
         module = wheel.get("unless_importable")
         origin = target_has(module) if module else None
         if origin:
             kept.append({"file": wheel["file"], "module": module, "origin": origin})
-    skipped = set(entry["file"] for entry in kept)
-    wheels = [w for w in wheels if w["file"] not in skipped]
+        else:
+            unpack.append(wheel)
+    wheels = unpack
     for wheel in wheels:  # every hash first: nothing is unpacked from a set that does not match
         path = os.path.join(wheel_dir, wheel["file"])
         if not os.path.isfile(path):

@@ -235,7 +235,8 @@ def build_wheelhouse(dest: Path, requirements: Path = REQUIREMENTS, index_url: s
                 raise UpstreamTestsSetupError(f"pip download of the test dependencies for Python {python} failed: "
                                               f"{lines[-1] if lines else proc.returncode}",
                                               hint="set PIP_INDEX_URL or patcher's pypi_index to a reachable index")
-        have = {_sha256(p): p.name for p in dest.glob("*.whl")}
+        known = set(have.values())  # hash only what this download added
+        have.update({_sha256(p): p.name for p in dest.glob("*.whl") if p.name not in known})
     resolve_wheels(dest, requirements)
     return tuple(sorted(dest.glob("*.whl")))
 
