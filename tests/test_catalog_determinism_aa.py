@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tests.test_catalog_determinism import (
+    HARNESS,
+    PATCH_DIR,
+    REPO_ROOT,
     _added_text,
     _commit_message,
     _removed_lines,
@@ -23,9 +25,6 @@ from tests.test_catalog_determinism import (
     read_evidence,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
-PATCH_DIR = REPO_ROOT / "patches" / "1.13.1"
 GPU = REPO_ROOT / "evidence" / "gpu"
 OPS_JSON = GPU / "deterministic-issue18-upsample-aa-ops.json"
 TRAINING_JSON = GPU / "deterministic-issue18-upsample-aa-training.json"

@@ -15,11 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_catalog_determinism import ran_cases, read_evidence
+from tests.test_catalog_determinism import HARNESS, PATCH_DIR, REPO_ROOT, ran_cases, read_evidence
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-HARNESS = REPO_ROOT / "harness" / "deterministic_backward"
-PATCH_DIR = REPO_ROOT / "patches" / "1.13.1"
 OPS_JSON = REPO_ROOT / "evidence" / "gpu" / "deterministic-issue18-reductions-ops.json"
 WORKLOAD_JSON = REPO_ROOT / "evidence" / "gpu" / "deterministic-issue18-reductions-workload.json"
 
