@@ -461,3 +461,21 @@ def test_a_run_that_failed_before_any_selection_is_an_error_check_not_a_pass():
     assert [(c["id"], c["status"], c["required"]) for c in checks] == [("upstream.run", "error", True)]
     merged = report.merge_into({"schema": 1, "checks": [], "summary": {}, "passed": True})
     assert merged["passed"] is False and merged["summary"]["error"] == 1
+
+
+def test_an_unreachable_index_is_one_error_naming_the_python_and_leaves_no_wheel(tmp_path, monkeypatch):
+    """pip download against a closed loopback port: the setup error names the first interpreter
+    whose pinned set could not be fetched, and the wheelhouse stays empty."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)  # this machine's local wheel folder would answer
+    house = tmp_path / "house"
+    with pytest.raises(UpstreamTestsSetupError, match=r"^pip download of the test dependencies for Python 3\.6 "
+                                                      r"failed: ") as caught:
+        ut.build_wheelhouse(house, index_url=f"http://127.0.0.1:{port}/simple")
+    assert "\n" not in str(caught.value) and "PIP_INDEX_URL" in caught.value.hint
+    assert list(house.glob("*.whl")) == []
