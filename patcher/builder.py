@@ -30,7 +30,13 @@ from patcher.build_container import StageInputs, run_stage
 from patcher.buildenv import LABEL_BUILD, LABEL_STAGE, LABEL_WORK_DIR
 from patcher.config import Settings
 from patcher.container import ContainerError, Engine
-from patcher.errors import ImageBuildError, InterruptedByUser, PatcherError, WorkDirError
+from patcher.errors import (
+    BaseImageUnavailableError,
+    ImageBuildError,
+    InterruptedByUser,
+    PatcherError,
+    WorkDirError,
+)
 from patcher.progress import Progress
 from patcher.record import (
     AppliedPatch,
@@ -269,6 +275,8 @@ def stage_image(b: Build) -> tuple[ImageOutcome, str]:
     if image_id:
         b.progress.log(f"image {rendered.image_tag} exists ({image_id}); not building it again\n")
         return ImageOutcome(image_id, True), f"{rendered.image_tag} reused"
+    base_ref = dockerfile.image_from(b.spec, b.settings)
+    base_present = b.engine.image_id(base_ref) is not None
     lines: list[str] = []
 
     def on_log(text: str) -> None:
@@ -291,8 +299,23 @@ def stage_image(b: Build) -> tuple[ImageOutcome, str]:
 
             raise DiskFullError(f"the image build of {b.spec.build_id} ran out of disk space: {message}",
                                 hint="free space on the engine's disk (docker system df)") from None
+        if not base_present and b.engine.image_id(base_ref) is None:
+            raise BaseImageUnavailableError(
+                f"the builder's base image {base_ref} is not on this engine and could not be pulled: {message}",
+                hint=base_image_way_out(b.spec)) from None
         raise ImageBuildError(message, hint=f"full log: {b.workdir.log_path}") from None
     return ImageOutcome(image_id, False), f"{rendered.image_tag} built"
+
+
+def base_image_way_out(spec: BuildSpec) -> str:
+    """Where a site gets a base image from when nothing can be pulled (an air gap, this CI)."""
+    image = spec.image
+    make = (f"make it here with `patcher base-image --suite {image.codename}` and pin its digest in "
+            f"[overrides.images] \"{image.name}\"" if image.family == "debian" else
+            f"load a copy of {image.ref}@{image.digest} (docker load) or pin one you trust in "
+            f"[overrides.images] \"{image.name}\" (patcher base-image makes Debian images only)")
+    return (f"{make}; or point --registry / `registry` at a registry that serves it, or set `mirror` to a "
+            "site mirror whose images/ holds it (`patcher mirror sync --registry`)")
 
 
 def stage_configure(b: Build) -> tuple[ContainerOutcome, str]:

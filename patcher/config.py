@@ -12,12 +12,16 @@ nothing else changes): git repositories under ``<mirror>/git/ORG/REPO.git``, art
 from __future__ import annotations
 
 import os
+import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from patcher.errors import ConfigError
+from patcher import setting_rules as rules
+from patcher.errors import ConfigError, InvalidSettingError
+from patcher.setting_rules import Origin
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -94,40 +98,48 @@ class Settings:
     @classmethod
     def load(cls, **flags: Any) -> Settings:
         """Build settings from flags (None = not given), environment and config file."""
-        config_path = flags.pop("config_file", None) or os.environ.get(ENV_PREFIX + "CONFIG")
+        config_path, config_origin = flags.pop("config_file", None), Origin("flag", "--config")
+        if config_path is None:
+            config_path, config_origin = os.environ.get(ENV_PREFIX + "CONFIG") or None, Origin("env", ENV_PREFIX + "CONFIG")
         if config_path is None:
             xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
             candidate = Path(xdg) / "patcher" / "config.toml"
             config_path = str(candidate) if candidate.is_file() else None
         data: dict[str, Any] = {}
+        lines: dict[str, int] = {}
         if config_path:
-            path = Path(config_path)
+            path = rules.path("config", config_origin, str(config_path))
             try:
-                data = tomllib.loads(path.read_text(encoding="utf-8"))
+                text = path.read_text(encoding="utf-8")
+                data = tomllib.loads(text)
             except FileNotFoundError:
                 raise ConfigError(f"config file {path} does not exist",
                                   hint="unset PATCHER_CONFIG or create the file") from None
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"config file {path} is not UTF-8 text") from None
             except OSError as exc:
                 raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+            lines = _top_level_key_lines(text)
         known = {f.name for f in fields(cls)} - {"overrides", "config_file"}
         unknown = set(data) - known - {"overrides"}
         if unknown:
             raise ConfigError(f"config file {config_path}: unknown setting(s) {', '.join(sorted(unknown))}",
                               hint=f"known settings: {', '.join(sorted(known))}, [overrides]")
         values: dict[str, Any] = {}
-        for name in known:
-            value = flags.get(name)
+        for name in sorted(known):
+            value, origin = flags.get(name), Origin("flag", _FLAG_NAMES.get(name, "--" + name.replace("_", "-")))
             if value is None:
-                value = os.environ.get(ENV_PREFIX + name.upper())
+                # An empty variable counts as unset, as in most Unix tools (PATCHER_MIRROR= patcher ...).
+                value, origin = os.environ.get(ENV_PREFIX + name.upper()) or None, Origin("env", ENV_PREFIX + name.upper())
             if value is None:
-                value = data.get(name)
+                value, origin = data.get(name), Origin("file", str(config_path), lines.get(name))
             if value is None:
                 continue
-            if name in {"catalog", "matrix", "work_dir", "cache_dir", "key_path", "advisories"}:
-                value = Path(str(value)).expanduser()
-            values[name] = value
+            if isinstance(value, Path):
+                value = str(value)
+            values[name] = _RULES[name](name, origin, value)
         raw_overrides = data.get("overrides", {})
         if not isinstance(raw_overrides, dict):
             raise ConfigError(f"config file {config_path}: [overrides] must be a table")
@@ -135,6 +147,43 @@ class Settings:
         if bad:
             raise ConfigError(f"config file {config_path}: unknown override(s) {', '.join(sorted(bad))}",
                               hint="known: tag_commits, images, artifacts")
+        for kind, table in raw_overrides.items():
+            if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+                raise InvalidSettingError(f"setting overrides.{kind} (from {config_path}): must be a table of "
+                                          "strings, e.g. { \"1.13.1\" = \"<value>\" }")
         overrides = Overrides(**{k: dict(v) for k, v in raw_overrides.items()})
         return cls(**values, overrides=overrides,
                    config_file=Path(config_path) if config_path else None)
+
+
+# Each setting's rule (patcher/setting_rules.py): what kind of value it is and what it may hold.
+_RULES: dict[str, Callable[[str, Origin, Any], Any]] = {
+    "catalog": lambda n, o, v: rules.existing_dir(n, o, v, must_hold="patches"),
+    "matrix": rules.path,        # read at once by spec.load_matrix, which says when it is missing
+    "advisories": rules.path,    # read by advisories.load, which says when it is missing
+    "mirror": rules.location,
+    "git_mirror": rules.location,
+    "files_mirror": rules.location,
+    "pypi_index": rules.location,
+    "debian_mirror": rules.location,
+    "registry": rules.registry,
+    "work_dir": rules.writable_dir,
+    "cache_dir": rules.writable_dir,
+    "key_path": rules.path,
+    "docker_host": rules.docker_host,
+}
+# Flags whose name is not --<setting-name>.
+_FLAG_NAMES = {"work_dir": "--work", "cache_dir": "--cache", "key_path": "--key", "config_file": "--config"}
+
+
+def _top_level_key_lines(text: str) -> dict[str, int]:
+    """Line numbers of the config file's top-level keys, for errors that point at the line."""
+    found: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            break
+        key = re.match(r"([A-Za-z0-9_-]+)\s*=", stripped)
+        if key:
+            found.setdefault(key.group(1), number)
+    return found

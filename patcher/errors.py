@@ -34,6 +34,30 @@ class MatrixFormatError(ConfigError):
     exit_code = 17
 
 
+class InvalidSettingError(ConfigError):
+    """A flag, environment variable or config key whose value breaks its rule (patcher/setting_rules.py)."""
+
+    exit_code = 19
+
+
+class CommandUsageError(PatcherError):
+    """The command line itself is wrong (click's usage errors), in patcher's one-line format."""
+
+    exit_code = 2
+
+
+class UnknownOptionError(CommandUsageError):
+    exit_code = 3
+
+
+class MissingOptionError(CommandUsageError):
+    exit_code = 4
+
+
+class BadOptionValueError(CommandUsageError):
+    exit_code = 5
+
+
 class UnknownVersionError(PatcherError):
     exit_code = 11
 
@@ -126,6 +150,12 @@ class DockerPermissionError(PatcherError):
 
 class ImageBuildError(PatcherError):
     exit_code = 42
+
+
+class BaseImageUnavailableError(ImageBuildError):
+    """The builder's FROM image is neither on the engine nor pullable; the hint names the ways out."""
+
+    exit_code = 48
 
 
 class WheelBuildError(PatcherError):

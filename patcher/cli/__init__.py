@@ -6,12 +6,22 @@ Errors: a PatcherError prints one line and exits with its class's code; no trace
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
 
 from patcher import __version__
-from patcher.errors import InterruptedByUser, PatcherError
+from patcher.cli.common import MIRROR_LOCATION
+from patcher.errors import (
+    BadOptionValueError,
+    CommandUsageError,
+    InterruptedByUser,
+    MissingOptionError,
+    PatcherError,
+    UnknownOptionError,
+)
+from patcher.setting_rules import SHOWN_LIMIT
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,7 +32,7 @@ from patcher.errors import InterruptedByUser, PatcherError
               help="Catalog root holding patches/ and dockerfiles/ (default: $PATCHER_CATALOG or the checkout).")
 @click.option("--matrix", "matrix_file", type=click.Path(dir_okay=False), default=None,
               help="Version matrix TOML (default: $PATCHER_MATRIX or the packaged one).")
-@click.option("--mirror", default=None,
+@click.option("--mirror", default=None, type=MIRROR_LOCATION,
               help="One base URL/path that redirects every external input (git, files, wheelhouse, images).")
 @click.pass_context
 def cli(ctx: click.Context, config_file, catalog, matrix_file, mirror) -> None:
@@ -62,17 +72,42 @@ def main(argv: list[str] | None = None) -> None:
         _register()
         cli.main(args=argv, prog_name="patcher", standalone_mode=False)
     except PatcherError as exc:
-        click.echo(f"patcher: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("patcher: error: interrupted", err=True)
-        sys.exit(InterruptedByUser.exit_code)
-    except KeyboardInterrupt:
-        click.echo("patcher: error: interrupted", err=True)
-        sys.exit(InterruptedByUser.exit_code)
+        _fail(str(exc), exc.exit_code)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail("interrupted", InterruptedByUser.exit_code)
+    except click.UsageError as exc:
+        error = usage_error(exc)
+        _fail(str(error), error.exit_code)
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        _fail(exc.format_message(), CommandUsageError.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     sys.exit(0)
+
+
+def usage_error(exc: click.UsageError) -> CommandUsageError:
+    """click's usage errors (3-4 lines of Usage/Try/Error) as one of patcher's, with its own code."""
+    kind: type[CommandUsageError] = CommandUsageError
+    if isinstance(exc, click.NoSuchOption):
+        kind = UnknownOptionError
+    elif isinstance(exc, click.MissingParameter):
+        kind = MissingOptionError
+    elif isinstance(exc, (click.BadParameter, click.BadOptionUsage, click.BadArgumentUsage)):
+        kind = BadOptionValueError
+    command = exc.ctx.command_path if exc.ctx else "patcher"
+    return kind(exc.format_message(), hint=f"see '{command} --help'")
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"patcher: error: {one_line(message)}", err=True)
+    sys.exit(code)
+
+
+_LONG_WORD = re.compile(r"\S{" + str(SHOWN_LIMIT + 1) + ",}")
+
+
+def one_line(message: str) -> str:
+    """Whatever a message echoes (a 20,000-character flag, a value with a newline), it stays one
+    readable line: control characters escaped, any run of over SHOWN_LIMIT characters cut."""
+    flat = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
+    return _LONG_WORD.sub(lambda m: f"{m.group()[:SHOWN_LIMIT]}… ({len(m.group()):,} characters)", flat)

@@ -6,7 +6,7 @@ import click
 
 from patcher.builder import DEFAULT_TIMEOUT, STAGES, BuildOptions, build
 from patcher.cli import cli
-from patcher.cli.common import echo_json, load_settings
+from patcher.cli.common import GIT_LOCATION, IMAGE_REF, VOLUME_NAME, echo_json, load_settings
 
 
 @cli.command("build")
@@ -20,7 +20,7 @@ from patcher.cli.common import echo_json, load_settings
 @click.option("--work", "work_dir", type=click.Path(file_okay=False),
               help="Work directory; the build lives in <work>/<build-id>/ (default: ./work, $PATCHER_WORK_DIR).")
 @click.option("--docker-host", help="Docker engine URL (sets DOCKER_HOST), e.g. ssh://builder@host.")
-@click.option("--git-mirror", help="Base URL of a git mirror (<base>/ORG/REPO.git).")
+@click.option("--git-mirror", type=GIT_LOCATION, help="Base URL of a git mirror (<base>/ORG/REPO.git).")
 @click.option("--until", type=click.Choice(STAGES), help="Stop after this stage.")
 @click.option("--resume", is_flag=True,
               help="Insist on continuing: fail when the work directory holds no build (running the same "
@@ -35,8 +35,8 @@ from patcher.cli.common import echo_json, load_settings
               help="Keep the build tree (CMake and ninja state) in a Docker volume named after the spec and the "
                    "builder image, and write into it only the files that changed: a rebuild after one patch "
                    "changes recompiles only the units it touches.")
-@click.option("--ccache-volume", help="Docker volume for ccache (default: patcher-ccache-<torch>-<cuda>).")
-@click.option("--probe-image", help="Image to probe the wheel in (default: the builder image).")
+@click.option("--ccache-volume", type=VOLUME_NAME, help="Docker volume for ccache (default: patcher-ccache-<torch>-<cuda>).")
+@click.option("--probe-image", type=IMAGE_REF, help="Image to probe the wheel in (default: the builder image).")
 @click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
               help="The engine's GPUs for the probe container (auto: all of them when the engine has a GPU runtime).")
 @click.option("--upstream-tests", is_flag=True,

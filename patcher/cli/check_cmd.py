@@ -9,7 +9,7 @@ import click
 
 from patcher import compilecheck
 from patcher.cli import cli
-from patcher.cli.common import echo_json, load_settings, table
+from patcher.cli.common import IMAGE_REF, echo_json, load_settings, table
 from patcher.errors import CompileCheckSetupError
 
 
@@ -25,7 +25,7 @@ from patcher.errors import CompileCheckSetupError
 @click.option("--work", type=click.Path(file_okay=False, path_type=Path),
               help="A build work dir (its source/ and image are reused) or the check's own "
                    "(default: <work_dir>/compile-check-<build-id>).")
-@click.option("--image", help="Builder image to compile in (default: render the builder and build it if absent).")
+@click.option("--image", type=IMAGE_REF, help="Builder image to compile in (default: render the builder and build it if absent).")
 @click.option("--patch", "patch_ids", multiple=True, help="Only the units this patch touches (repeatable).")
 @click.option("-j", "--jobs", type=int, help="Units compiled at once (default: the engine's CPU count).")
 @click.option("--timeout", type=float, default=compilecheck.DEFAULT_TIMEOUT, show_default=True,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from patcher import setting_rules as rules
 from patcher.config import Settings
+from patcher.setting_rules import Origin
 
 
 def load_settings(**extra: Any) -> Settings:
@@ -30,3 +33,35 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
     return "\n".join(lines)
+
+
+class Checked(click.ParamType):
+    """A flag whose value must meet one of patcher's setting rules (patcher/setting_rules.py);
+    a bad value is refused in one line (exit 19) before any stage runs."""
+
+    def __init__(self, rule: Callable[..., Any], setting: str | None = None, name: str = "text"):
+        self.rule, self.setting, self.name = rule, setting, name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        flag = max(param.opts, key=len) if param is not None and param.opts else "option"
+        return self.rule(self.setting or flag.lstrip("-").replace("-", "_"), Origin("flag", flag), value)
+
+
+def _mirror_location(kind: str) -> Callable[[str, Origin, object], str]:
+    return lambda _name, origin, value: rules.location(kind, origin, value)
+
+
+GIT_LOCATION = Checked(_mirror_location("git_mirror"), name="url")
+MIRROR_LOCATION = Checked(_mirror_location("mirror"), name="url")
+DEBIAN_LOCATION = Checked(_mirror_location("debian_mirror"), name="url")
+REGISTRY = Checked(rules.registry, name="registry")
+IMAGE_REF = Checked(rules.image_ref, name="image")
+VOLUME_NAME = Checked(rules.volume_name, name="volume")
+WORD_LIST = Checked(rules.word_list, name="list")
+REVISION_RANGE = Checked(rules.revision_range, name="range")
+UPLOAD_URL = Checked(rules.url, name="url")
+ENV_NAME = Checked(rules.env_name, name="name")
+SUITE = Checked(rules.suite_name, name="suite")
+DOCKER_HOST = Checked(rules.docker_host, name="url")

@@ -8,14 +8,14 @@ from pathlib import Path
 import click
 
 from patcher.cli import cli
-from patcher.cli.common import load_settings
+from patcher.cli.common import DOCKER_HOST, IMAGE_REF, WORD_LIST, load_settings
 from patcher.util import write_atomic
 
 
 @cli.command("probe")
 @click.option("--python", "python", metavar="PATH",
               help="Probe this interpreter (it must have torch); with --wheel: the interpreter that makes the venv.")
-@click.option("--image", metavar="IMG",
+@click.option("--image", metavar="IMG", type=IMAGE_REF,
               help="Probe inside a fresh container of this local image (never pulled; removed afterwards).")
 @click.option("--wheel", type=click.Path(dir_okay=False), metavar="WHEEL",
               help="Install this wheel offline into a clean venv (on the host, or in --image) and probe it.")
@@ -25,18 +25,18 @@ from patcher.util import write_atomic
               help="Write the report as JSON.")
 @click.option("--junit", "junit_out", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the report as JUnit XML.")
-@click.option("--patched-ids", default="", metavar="IDS",
+@click.option("--patched-ids", default="", metavar="IDS", type=WORD_LIST,
               help="Comma-separated patch ids the wheel carries; checks that prove them become required.")
 @click.option("--budget", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Time budget for the checks; those past it are skipped and say so.")
-@click.option("--only", default=None, metavar="PATTERNS",
+@click.option("--only", default=None, metavar="PATTERNS", type=WORD_LIST,
               help="Run only these check ids, prefixes or globs (comma-separated, e.g. 'env,maxpool2d.*').")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True,
               metavar="SECONDS", help="Stop the whole run (install included) after this long.")
 @click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
               help="With --image: the engine's GPUs for the container (auto: all of them when the engine has a "
                    "GPU runtime).")
-@click.option("--docker-host", default=None, metavar="URL", help="Docker engine (default: settings, DOCKER_HOST).")
+@click.option("--docker-host", default=None, metavar="URL", type=DOCKER_HOST, help="Docker engine (default: settings, DOCKER_HOST).")
 @click.option("--upstream-tests", is_flag=True,
               help="Also run upstream's own tests from --source against the target: the series' Upstream-Tests "
                    "plus a smoke selection (with --python, --image, or --wheel --image).")

@@ -9,7 +9,7 @@ import click
 
 from patcher import index
 from patcher.cli import cli
-from patcher.cli.common import echo_json
+from patcher.cli.common import ENV_NAME, UPLOAD_URL, echo_json
 from patcher.errors import UploadError
 
 _DIR = click.Path(file_okay=False, path_type=Path)
@@ -19,9 +19,9 @@ _DIR = click.Path(file_okay=False, path_type=Path)
 @click.argument("wheels", nargs=-1, required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--index", "index_dir", type=_DIR, default=None,
               help="Static index directory to publish into (served as is; see below).")
-@click.option("--url", default=None, help="Upload to this index server instead (legacy upload API, as twine).")
+@click.option("--url", default=None, type=UPLOAD_URL, help="Upload to this index server instead (legacy upload API, as twine).")
 @click.option("--user", default=None, help="User name for --url.")
-@click.option("--password-env", default=None, metavar="VAR",
+@click.option("--password-env", default=None, type=ENV_NAME, metavar="VAR",
               help="Name of the environment variable holding the password for --url (never a flag).")
 @click.option("--rebuild", is_flag=True, help="With --index: regenerate every page from files/ (repair).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

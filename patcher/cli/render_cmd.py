@@ -11,7 +11,16 @@ from patcher import baseimage as baseimage_mod
 from patcher import lock as lock_mod
 from patcher import spec as spec_mod
 from patcher.cli import cli
-from patcher.cli.common import echo_json, load_settings, table
+from patcher.cli.common import (
+    DEBIAN_LOCATION,
+    IMAGE_REF,
+    REGISTRY,
+    SUITE,
+    WORD_LIST,
+    echo_json,
+    load_settings,
+    table,
+)
 
 
 @cli.command("render")
@@ -46,8 +55,8 @@ def render(torch_version, cuda, python_version, arch, gcc, out_dir, registry, fi
 
 
 @cli.command("lock")
-@click.option("--image", "images", multiple=True, help="Lock only this matrix image (repeatable).")
-@click.option("--registry", help="Ask this registry (host[:port]) for every image instead of its own.")
+@click.option("--image", "images", multiple=True, type=WORD_LIST, help="Lock only this matrix image (repeatable).")
+@click.option("--registry", type=REGISTRY, help="Ask this registry (host[:port]) for every image instead of its own.")
 @click.option("--dry-run", is_flag=True, help="Resolve and print; do not write the matrix.")
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds per registry request.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -73,11 +82,11 @@ def lock(images, registry, dry_run, timeout, as_json) -> None:
 
 
 @cli.command("base-image")
-@click.option("--suite", required=True, help="Debian suite, e.g. bullseye.")
-@click.option("--mirror-url", help="Debian archive (default: debian_mirror, then this machine's apt sources).")
-@click.option("--tag", help="Local image tag (default: patcher-base/debian:<suite>).")
-@click.option("--push", "push_registry", help="Push to this registry (host[:port]) and print ref@digest.")
-@click.option("--include", help="Extra packages, comma-separated.")
+@click.option("--suite", required=True, type=SUITE, help="Debian suite, e.g. bullseye.")
+@click.option("--mirror-url", type=DEBIAN_LOCATION, help="Debian archive (default: debian_mirror, then this machine's apt sources).")
+@click.option("--tag", type=IMAGE_REF, help="Local image tag (default: patcher-base/debian:<suite>).")
+@click.option("--push", "push_registry", type=REGISTRY, help="Push to this registry (host[:port]) and print ref@digest.")
+@click.option("--include", type=WORD_LIST, help="Extra packages, comma-separated.")
 @click.option("--variant", default="minbase", show_default=True, help="mmdebstrap variant.")
 @click.option("--source-date-epoch", type=int, default=baseimage_mod.DEFAULT_SOURCE_DATE_EPOCH,
               show_default=True, help="Fixed timestamp for file mtimes and the image's created date.")

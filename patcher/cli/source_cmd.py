@@ -9,7 +9,7 @@ import click
 from patcher import patches as patches_mod
 from patcher import source as source_mod
 from patcher.cli import cli
-from patcher.cli.common import echo_json, load_settings, table
+from patcher.cli.common import GIT_LOCATION, REVISION_RANGE, echo_json, load_settings, table
 from patcher.spec import resolve
 
 _dry_run = click.option("--dry-run", is_flag=True, help="Say what would be done; change nothing.")
@@ -22,7 +22,7 @@ _source = click.option("--source", "source", required=True, type=click.Path(file
 # --- fetch -----------------------------------------------------------------------------------
 @cli.command("fetch")
 @_torch
-@click.option("--git-mirror", default=None, help="Base URL of the git mirror (ORG/REPO.git below it).")
+@click.option("--git-mirror", default=None, type=GIT_LOCATION, help="Base URL of the git mirror (ORG/REPO.git below it).")
 @click.option("--cache", "cache_dir", default=None, type=click.Path(file_okay=False),
               help="Cache directory (bare git caches live in <cache>/git).")
 @click.option("-o", "--output", default=None, type=click.Path(file_okay=False),
@@ -151,7 +151,7 @@ def apply_cmd(torch, source, dry_run, as_json):
 
 @patches_group.command("new")
 @_torch
-@click.option("--from-commits", "revrange", required=True, help="Commit range A..B to export.")
+@click.option("--from-commits", "revrange", required=True, type=REVISION_RANGE, help="Commit range A..B to export.")
 @_source
 @_dry_run
 def new_cmd(torch, revrange, source, dry_run):
