@@ -56,7 +56,7 @@ def _mirror_location(kind: str) -> Callable[[str, Origin, object], str]:
 GIT_LOCATION = Checked(_mirror_location("git_mirror"), name="url")
 MIRROR_LOCATION = Checked(_mirror_location("mirror"), name="url")
 DEBIAN_LOCATION = Checked(_mirror_location("debian_mirror"), name="url")
-REGISTRY = Checked(rules.registry, name="registry")
+REGISTRY = Checked(rules.registry, setting="registry", name="registry")
 IMAGE_REF = Checked(rules.image_ref, name="image")
 VOLUME_NAME = Checked(rules.volume_name, name="volume")
 WORD_LIST = Checked(rules.word_list, name="list")
