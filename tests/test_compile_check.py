@@ -11,7 +11,6 @@ compiler's error shown.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import textwrap
 from pathlib import Path
