@@ -378,8 +378,8 @@ class UnsafeValue(Exception):
         return DockerfileInjectionError(
             f"refusing to render {subject}: {self.origin} would put {self.what} into "
             f"{self.landing}: {shown(self.value)}",
-            hint="a location setting is one URL (a registry: host[:port][/path]) without line breaks, "
-                 "quotes, whitespace, $, backticks or backslashes")
+            hint="a location setting is one URL (a registry: host[:port][/path], an image: "
+                 "name[:tag]@sha256:<64 hex>) without line breaks, quotes, whitespace, $, backticks or backslashes")
 
 
 def checked_url(value: str, origin: str) -> Outside:
