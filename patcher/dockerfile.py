@@ -523,7 +523,7 @@ def _describe(entry: tuple[Any, ...] | None) -> str:
     return "nothing" if entry is None else f"{entry[0]} spanning {entry[1] + 1} line(s)"
 
 
-def compare_structure(expected: str, rendered: str, emitted: list[str]) -> UnsafeValue | None:
+def compare_structure(expected: str, rendered: str, emitted: list[Any]) -> UnsafeValue | None:
     """None when ``rendered`` has the instructions ``expected`` (the placeholder rendering) has;
     else the refusal, blaming the first emitted value that holds Dockerfile or shell syntax."""
     want, got = instruction_structure(expected), instruction_structure(rendered)
@@ -533,9 +533,12 @@ def compare_structure(expected: str, rendered: str, emitted: list[str]) -> Unsaf
     parser = DockerfileParser(fileobj=io.BytesIO())
     parser.content = rendered
     items = parser.structure
-    actual = (f"{items[index]['instruction']} {items[index]['value']}".strip() if index < len(items)
-              else "the end of the file")
-    what = (f"a changed Dockerfile (instruction {index + 1} would be {shown(actual)} where the template "
+    if index < len(items):
+        where = f"line {items[index]['startline'] + 1}"
+        actual = shown(f"{items[index]['instruction']} {items[index]['value']}".strip())
+    else:
+        where, actual = "the end", "nothing"
+    what = (f"a changed Dockerfile ({where} would be {actual} where the template "
             f"has {_describe(want[index] if index < len(want) else None)})")
     suspects = [v for v in emitted if not _BARE_WORD.fullmatch(str(v))]
     suspects.sort(key=lambda v: 0 if _CONTROL.search(v) or "\\" in v else 1)

@@ -300,11 +300,11 @@ REF = "registry.example.internal/base@sha256:" + "0" * 64
 
 
 @pytest.mark.parametrize("template,value,changed", [
-    ("FROM {{ ref | image_ref }}\nRUN echo {{ v | comment }}\n", "x && touch /tmp/MARKER", "instruction 2"),
-    ("FROM {{ ref | image_ref }}\nRUN echo {{ v | comment }}\nUSER 1000\n", "x \\", "instruction 2"),
-    ("FROM {{ ref | image_ref }}\nLABEL a={{ v | comment }}\n", '"x" b="y"', "instruction 2"),
-    ("FROM {{ ref | image_ref }}\nUSER {{ v | comment }}\n", "1000 2000", "instruction 2"),
-    ("FROM {{ ref | image_ref }}\nRUN echo '{{ v | bare }}' {{ w | comment }}\n", "x", "instruction 2"),
+    ("FROM {{ ref | image_ref }}\nRUN echo {{ v | comment }}\n", "x && touch /tmp/MARKER", "line 2"),
+    ("FROM {{ ref | image_ref }}\nRUN echo {{ v | comment }}\nUSER 1000\n", "x \\", "line 2"),
+    ("FROM {{ ref | image_ref }}\nLABEL a={{ v | comment }}\n", '"x" b="y"', "line 2"),
+    ("FROM {{ ref | image_ref }}\nUSER {{ v | comment }}\n", "1000 2000", "line 2"),
+    ("FROM {{ ref | image_ref }}\nRUN echo '{{ v | bare }}' {{ w | comment }}\n", "x", "line 2"),
 ])
 def test_a_changed_instruction_structure_is_refused(tmp_path, template, value, changed):
     settings = _catalog(tmp_path, template)
@@ -313,7 +313,7 @@ def test_a_changed_instruction_structure_is_refused(tmp_path, template, value, c
         render_template(settings, "t.Dockerfile.j2", values, subject="t")
     message = str(caught.value)
     assert caught.value.exit_code == 18 and "\n" not in message
-    assert f"a changed Dockerfile ({changed} would be" in message
+    assert f"a changed Dockerfile ({changed} would be" in message, message
     assert "the test setting" in message or "the w setting" in message
 
 
