@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from patcher.config import Settings
-from patcher.dockerfile import render_template
+from patcher.dockerfile import Outside, render_template
 from patcher.errors import (
     CompileCheckFailedError,
     CompileCheckSetupError,
@@ -455,12 +455,12 @@ def render_cuda_image(spec: BuildSpec, builder_ref: str, settings: Settings, cud
     labels = {LABEL_CHECK: spec.build_id, "org.patcher.compile-check.builder": builder_ref,
               "org.patcher.compile-check.nvcc": debian["nvcc"]}
     values = {
-        "build_id": spec.build_id, "builder_ref": builder_ref, "codename": spec.image.codename,
+        "build_id": spec.build_id, "builder_ref": Outside(builder_ref, "the builder image reference"), "codename": spec.image.codename,
         "nvcc_version": debian["nvcc"], "cuda_full": (cuda_spec.cuda_full if cuda_spec else None) or "none",
         "apt_packages": list(debian["packages"]), "uid": 1000,
-        "labels": {k: json.dumps(v) for k, v in labels.items()},
+        "labels": labels,
     }
-    text = render_template(settings, CUDA_TEMPLATE, values)
+    text = render_template(settings, CUDA_TEMPLATE, values, subject=f"the compile-check image of {spec.build_id}")
     key = hashlib.sha256(text.encode()).hexdigest()
     return RenderedCudaImage(text=text, key=key, tag=f"{CUDA_IMAGE_REPO}:{key[:16]}",
                              labels={**labels, LABEL_KEY: key})

@@ -14,6 +14,14 @@ values computed here, so every location a build downloads from passes through on
 The output is a pure function of (spec, settings, template, matrix): byte-for-byte the same on
 every run, so its sha256 names the image (``patcher-builder:<16 hex>``).
 
+Rendering cannot be steered by a value (issue 28): settings reach here from flags, environment
+and config files, and through the Python API unvalidated. So, independently of any check at the
+edge: download URLs are checked as URLs; every ``{{ }}`` of a template goes through a filter that
+quotes or validates for the spot it lands in (``TEMPLATE_FILTERS``; a template with an unfiltered
+value is refused before it renders); and the rendered text is parsed back and its instructions
+compared with the same template rendered with placeholder values. Any difference is
+``DockerfileInjectionError`` (exit 18) naming the setting; nothing is written.
+
 Contract with the build stage (builder.py): the image has a user ``builder`` (uid 1000, home
 /home/builder) owning ``/src`` (the patched tree is copied there), ``/ccache`` (CCACHE_DIR) and
 ``/out`` (wheels); ``PATCHER_PYTHON`` is the interpreter to build with; the spec's build
@@ -25,15 +33,25 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
+import shlex
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from dockerfile_parse import DockerfileParser
+from jinja2 import nodes
 
 from patcher.config import Settings
-from patcher.errors import ConfigError, OutputWriteError, TemplateError, UnpinnedInputError
+from patcher.errors import (
+    ConfigError,
+    DockerfileInjectionError,
+    OutputWriteError,
+    TemplateError,
+    UnpinnedInputError,
+)
 from patcher.spec import BuildSpec, is_known, load_matrix
 
 TEMPLATE_NAME = "builder.Dockerfile.j2"
@@ -153,21 +171,25 @@ def image_from(spec: BuildSpec, settings: Settings) -> str:
     return f"{ref}@{spec.image.digest}"
 
 
-def apt_sources(spec: BuildSpec, settings: Settings) -> list[str]:
-    """sources.list lines when the site redirects apt; empty keeps the base image's own."""
-    family, codename = spec.image.family, spec.image.codename
+def apt_base(spec: BuildSpec, settings: Settings) -> str | None:
+    """The archive apt inside the image uses when the site redirects it; None keeps the image's own."""
     # A mirror that is a host directory (what `patcher mirror sync` writes) holds no distribution
     # archive and apt in a container could not read it: the image keeps its own sources then.
     mirror = settings.mirror if settings.mirror and not is_host_path(settings.mirror) else None
-    if family == "debian":
+    if spec.image.family == "debian":
         base = settings.debian_mirror or (f"{mirror.rstrip('/')}/debian" if mirror else None)
-        components = "main"
     else:
-        base = f"{mirror.rstrip('/')}/{family}" if mirror else None
-        components = "main universe"
+        base = f"{mirror.rstrip('/')}/{spec.image.family}" if mirror else None
+    return base.rstrip("/") if base else None
+
+
+def apt_sources(spec: BuildSpec, settings: Settings) -> list[str]:
+    """sources.list lines when the site redirects apt; empty keeps the base image's own."""
+    base = apt_base(spec, settings)
     if not base:
         return []
-    base = base.rstrip("/")
+    components = "main" if spec.image.family == "debian" else "main universe"
+    codename = spec.image.codename
     return [f"deb {base} {suite} {components}" for suite in (codename, f"{codename}-updates")]
 
 
@@ -197,9 +219,34 @@ def artifact_url(url: str, sha256: str, settings: Settings) -> str:
     return f"{base}/{sha256}" if base else url
 
 
-def _label_value(value: str) -> str:
-    """A Dockerfile double-quoted string."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+def setting_origins(spec: BuildSpec, settings: Settings) -> dict[str, str]:
+    """Which setting each redirected location comes from, as a refusal names it."""
+
+    def setting(name: str, part: str | None = None) -> str:
+        where = f"PATCHER_{name.upper()}, --{name.replace('_', '-')} or the config file"
+        return f"the {name} setting ({f'its {part}; ' if part else ''}{where})"
+
+    if spec.image.overridden:
+        image = "the [overrides.images] pin"
+    elif settings.registry:
+        image = setting("registry")
+    elif settings.mirror and "://" in settings.mirror:
+        image = setting("mirror", "/images registry")
+    else:
+        image = "the matrix's base image"
+
+    def pick(own: str, own_value: str | None, part: str, default: str) -> str:
+        if own_value:
+            return setting(own)
+        return setting("mirror", part) if settings.mirror else default
+
+    return {
+        "image": image,
+        "files": pick("files_mirror", settings.files_mirror, "/files", "the matrix's download URL"),
+        "pip": pick("pypi_index", settings.pypi_index, "/wheelhouse", "the default index"),
+        "apt": pick("debian_mirror", settings.debian_mirror if spec.image.family == "debian" else None,
+                    f"/{spec.image.family}", "the image's apt sources"),
+    }
 
 
 def spec_labels(spec: BuildSpec) -> dict[str, str]:
@@ -245,8 +292,261 @@ def build_environment(spec: BuildSpec, python_bin: str) -> dict[str, str]:
     return dict(sorted(env.items()))
 
 
-def _environment(settings: Settings) -> jinja2.Environment:
-    return jinja2.Environment(
+# --- values that cannot steer the Dockerfile ---------------------------------------------------
+# Exit codes a hostile value given to `patcher render` may end in: refused at the edge as a bad
+# setting (ConfigError) or here, as an injection.
+RENDER_REFUSAL_CODES = frozenset({ConfigError.exit_code, DockerfileInjectionError.exit_code})
+
+SHOWN_VALUE_CHARS = 200
+# A word the shell and the Dockerfile parser give no meaning: shlex.quote leaves exactly these bare.
+_BARE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# RFC 3986 characters, less the sub-delims a mirror URL never needs and shell syntax is made of
+# (' $ ( ) ;): quoting would make them inert, but a location holding them is an attack or an
+# accident, and a download from a URL nobody meant is refused rather than made.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9\-._~:/?#\[\]@!&*+,=%]+")
+# The distribution reference grammar (docker/distribution reference.go), digest required; an
+# image ID (sha256:<hex>) is the other form FROM takes here.
+_REF_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REF_DOMAIN = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?"
+_IMAGE_REF = re.compile(
+    rf"(?:(?:{_REF_DOMAIN})/)?{_REF_COMPONENT}(?:/{_REF_COMPONENT})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"@sha256:[0-9a-f]{64}|sha256:[0-9a-f]{64}")
+
+# What a character would do if it reached the Dockerfile or the shell unquoted: the message says it.
+_INJECTS = [
+    ("\n", "a new Dockerfile line (an instruction of its own)"),
+    ("\r", "a carriage return (a line break to the shell)"),
+    ("\\", "a backslash (a Dockerfile line continuation or escape)"),
+    ("'", "a single quote (a break-out of the shell quoting around it)"),
+    ('"', "a double quote (a break-out of the Dockerfile quoting around it)"),
+    ("`", "a backtick (a shell command substitution)"),
+    ("$", "a dollar sign (a shell or Dockerfile substitution)"),
+    (";", "a semicolon (a second shell command)"),
+    ("(", "a parenthesis (a shell subshell)"),
+    (")", "a parenthesis (a shell subshell)"),
+]
+
+
+def _what_it_injects(value: str) -> str:
+    for char, what in _INJECTS:
+        if char in value:
+            return what
+    if _CONTROL.search(value):
+        return "a control character"
+    if any(c.isspace() for c in value):
+        return "whitespace (another word, argument or instruction part)"
+    odd = sorted({c for c in value if not _BARE_WORD.fullmatch(c)})
+    return f"characters {''.join(odd)!r}" if odd else "a value of the wrong form"
+
+
+def shown(value: str) -> str:
+    """One line, whatever the value holds: its repr cut to SHOWN_VALUE_CHARS, with its length."""
+    text = str(value)
+    cut = text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + "..."
+    return f"{cut!r} ({len(text)} chars)"
+
+
+class Outside(str):
+    """A value from outside the template (a setting, the matrix, the spec), tagged with where it
+    came from, so a refusal names the setting to fix."""
+
+    origin: str
+
+    def __new__(cls, value: str, origin: str) -> Outside:
+        obj = super().__new__(cls, value)
+        obj.origin = origin
+        return obj
+
+
+def origin_of(value: Any) -> str:
+    return getattr(value, "origin", None) or "a template value"
+
+
+class UnsafeValue(Exception):
+    """Raised inside rendering; ``refusal(subject)`` is the user's DockerfileInjectionError."""
+
+    def __init__(self, value: Any, landing: str, what: str | None = None):
+        super().__init__(landing)
+        # str() of an Outside is a plain str: take the origin first.
+        self.origin, self.value, self.landing = origin_of(value), str(value), landing
+        self.what = what or _what_it_injects(self.value)
+
+    def refusal(self, subject: str) -> DockerfileInjectionError:
+        return DockerfileInjectionError(
+            f"refusing to render {subject}: {self.origin} would put {self.what} into "
+            f"{self.landing}: {shown(self.value)}",
+            hint="a location setting is one URL (a registry: host[:port][/path], an image: "
+                 "name[:tag]@sha256:<64 hex>) without line breaks, quotes, whitespace, $, backticks or backslashes")
+
+
+def checked_url(value: str, origin: str) -> Outside:
+    """A download location: one URL of plain characters (see _URL), or an UnsafeValue."""
+    if not _URL.fullmatch(value):
+        what = None if _what_it_injects(value) != "a value of the wrong form" else "something that is not a URL"
+        raise UnsafeValue(Outside(value, origin), "a download URL", what)
+    return Outside(value, origin)
+
+
+class Interpolation:
+    """The filters every ``{{ }}`` of a template must end in, one per spot a value lands in.
+
+    With ``placeholders`` each emits a harmless fixed value of its kind instead: the template
+    rendered that way is the instruction structure the real rendering must have. ``emitted``
+    keeps the real values, to name the one to blame when the structures differ.
+    """
+
+    def __init__(self, placeholders: bool = False):
+        self.placeholders = placeholders
+        self.emitted: list[Any] = []
+
+    def _take(self, value: Any, landing: str, bad: re.Pattern | None = None,
+              good: re.Pattern | None = None) -> str:
+        text = str(value)
+        self.emitted.append(value if isinstance(value, Outside) else text)
+        if (bad is not None and bad.search(text)) or (good is not None and not good.fullmatch(text)):
+            raise UnsafeValue(value, landing)
+        return text
+
+    def sh(self, value: Any) -> str:
+        """One shell word, always single-quoted (also when shlex.quote would leave it bare, so
+        the output stays what it was before the filters); no control characters."""
+        text = self._take(value, "a shell word of a RUN instruction", bad=_CONTROL)
+        return "'v'" if self.placeholders else "'" + text.replace("'", "'\"'\"'") + "'"
+
+    def bare(self, value: Any) -> str:
+        """A word written as is (package name, path, version, uid): only characters neither the
+        shell nor the Dockerfile parser gives a meaning."""
+        text = self._take(value, "a bare word of the Dockerfile", good=_BARE_WORD)
+        return "v" if self.placeholders else text
+
+    def sha256(self, value: Any) -> str:
+        text = self._take(value, "a sha256 checksum", good=_SHA256)
+        return "0" * 64 if self.placeholders else text
+
+    def image_ref(self, value: Any) -> str:
+        """The FROM reference: name[:tag]@sha256:<64 hex> (or an image ID), nothing else."""
+        text = self._take(value, "the FROM image reference (name[:tag]@sha256:<64 hex>)", good=_IMAGE_REF)
+        return "placeholder.invalid/image@sha256:" + "0" * 64 if self.placeholders else text
+
+    def env_value(self, value: Any) -> str:
+        """A double-quoted ENV, ARG or LABEL value: \\ " $ escaped, no line break possible."""
+        text = self._take(value, "a quoted ENV/ARG/LABEL value", bad=_CONTROL)
+        if self.placeholders:
+            return '"v"'
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+    def key(self, value: Any) -> str:
+        """An ENV, ARG or LABEL key."""
+        text = self._take(value, "an ENV/ARG/LABEL key", good=_KEY)
+        return "k" if self.placeholders else text
+
+    def comment(self, value: Any) -> str:
+        """Text on a comment line: anything but a line break (or another control character)."""
+        text = self._take(value, "a comment line", bad=_CONTROL)
+        return "v" if self.placeholders else text
+
+    def json(self, value: Any) -> str:
+        """An argument of a JSON-form instruction (SHELL, RUN/CMD/ENTRYPOINT exec form): a JSON
+        string, which escapes every control character."""
+        text = self._take(value, "a JSON-form argument")
+        return '"v"' if self.placeholders else json.dumps(text)
+
+    def filters(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in TEMPLATE_FILTERS}
+
+
+TEMPLATE_FILTERS = ("sh", "bare", "sha256", "image_ref", "env_value", "key", "comment", "json")
+
+
+def unfiltered_values(env: jinja2.Environment, source: str, name: str) -> list[str]:
+    """Every ``{{ }}`` of a template that does not end in one of TEMPLATE_FILTERS.
+
+    A check of the parsed template rather than a runtime hook (jinja2's finalize): finalize sees
+    only the value, so it cannot tell the template's own literal text (``{{ " \\\\" if not
+    loop.last }}``) from a setting; the syntax tree can, and a bad template fails before it
+    renders anything. Literals (and conditionals between literals) are the template's own text.
+    """
+    tree = env.parse(source, name)
+    problems = [f"line {node.lineno}: {{% {type(node).__name__.lower()} %}} (templates are self-contained and "
+                f"every value is filtered where it is printed)"
+                for node in tree.find_all((nodes.FilterBlock, nodes.Include, nodes.Import, nodes.FromImport,
+                                           nodes.Extends, nodes.Macro, nodes.CallBlock))]
+    for output in tree.find_all(nodes.Output):
+        for child in output.nodes:
+            if not isinstance(child, nodes.TemplateData) and not _is_filtered(child):
+                problems.append(f"line {child.lineno}: a value printed without one of the filters "
+                                f"{', '.join(TEMPLATE_FILTERS)}")
+    return problems
+
+
+def _is_filtered(expr: nodes.Expr | None) -> bool:
+    if expr is None or isinstance(expr, nodes.Const):
+        return True
+    if isinstance(expr, nodes.CondExpr):
+        return _is_filtered(expr.expr1) and _is_filtered(expr.expr2)
+    return isinstance(expr, nodes.Filter) and expr.name in TEMPLATE_FILTERS
+
+
+def instruction_structure(text: str) -> list[tuple[Any, ...]]:
+    """What a rendering's instructions are, without the values in them: per instruction (and
+    comment) its kind, how many lines it spans, and its shape (the shell's operators and words of
+    RUN, the number of KEY=VALUE pairs of ENV/LABEL/ARG, the argument count of JSON forms and of
+    the rest)."""
+    parser = DockerfileParser(fileobj=io.BytesIO())
+    parser.content = text
+    return [(item["instruction"], item["endline"] - item["startline"], _shape(item["instruction"], item["value"]))
+            for item in parser.structure]
+
+
+def _shape(kind: str, value: str) -> tuple[Any, ...]:
+    if kind == "COMMENT":
+        return ()
+    try:
+        if value.lstrip().startswith("[") and kind in {"RUN", "CMD", "ENTRYPOINT", "SHELL", "COPY", "ADD"}:
+            parsed = json.loads(value)
+            return ("json", len(parsed) if isinstance(parsed, list) else -1)
+        if kind in {"RUN", "CMD", "ENTRYPOINT"}:
+            lexer = shlex.shlex(value, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            return tuple(tok if tok and all(c in "();<>|&" for c in tok) else "w" for tok in lexer)
+        if kind in {"ENV", "LABEL", "ARG"}:
+            return tuple("k=v" if "=" in word else "w" for word in shlex.split(value))
+        return ("words", len(value.split()))
+    except ValueError:  # unbalanced quotes: a shape no placeholder rendering has
+        return ("unparseable",)
+
+
+def _describe(entry: tuple[Any, ...] | None) -> str:
+    return "nothing" if entry is None else f"{entry[0]} spanning {entry[1] + 1} line(s)"
+
+
+def compare_structure(expected: str, rendered: str, emitted: list[Any]) -> UnsafeValue | None:
+    """None when ``rendered`` has the instructions ``expected`` (the placeholder rendering) has;
+    else the refusal, blaming the first emitted value that holds Dockerfile or shell syntax."""
+    want, got = instruction_structure(expected), instruction_structure(rendered)
+    if want == got:
+        return None
+    index = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    parser = DockerfileParser(fileobj=io.BytesIO())
+    parser.content = rendered
+    items = parser.structure
+    if index < len(items):
+        where = f"line {items[index]['startline'] + 1}"
+        actual = shown(f"{items[index]['instruction']} {items[index]['value']}".strip())
+    else:
+        where, actual = "the end", "nothing"
+    what = (f"a changed Dockerfile ({where} would be {actual} where the template "
+            f"has {_describe(want[index] if index < len(want) else None)})")
+    suspects = [v for v in emitted if not _BARE_WORD.fullmatch(str(v))]
+    suspects.sort(key=lambda v: 0 if _CONTROL.search(v) or "\\" in v else 1)
+    return UnsafeValue(suspects[0] if suspects else Outside("", "the template"), "the Dockerfile", what)
+
+
+def _environment(settings: Settings, interpolation: Interpolation) -> jinja2.Environment:
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(settings.dockerfiles_dir)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -254,12 +554,26 @@ def _environment(settings: Settings) -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
+    env.filters.update(interpolation.filters())
+    return env
 
 
-def render_template(settings: Settings, name: str, values: dict[str, Any]) -> str:
-    """Render the catalog's template ``name``; a missing or broken template is a TemplateError."""
+def render_template(settings: Settings, name: str, values: dict[str, Any], subject: str | None = None) -> str:
+    """Render the catalog's template ``name``, safely: a missing, broken or unfiltered template is a
+    TemplateError; a value that would change the Dockerfile's instructions a DockerfileInjectionError."""
+    subject = subject or name
+    real, placeholder = Interpolation(), Interpolation(placeholders=True)
+    env = _environment(settings, real)
     try:
-        return _environment(settings).get_template(name).render(**values)
+        source, filename, _ = env.loader.get_source(env, name)
+        problems = unfiltered_values(env, source, name)
+        if problems:
+            raise TemplateError(f"template {filename}: {problems[0]}"
+                                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                                hint="print every value through the filter for where it lands; "
+                                     "see dockerfiles/README.md")
+        text = env.get_template(name).render(**values)
+        expected = _environment(settings, placeholder).get_template(name).render(**values)
     except jinja2.TemplateNotFound:
         raise TemplateError(f"template {settings.dockerfiles_dir / name} does not exist",
                             hint="check --catalog / PATCHER_CATALOG") from None
@@ -267,6 +581,52 @@ def render_template(settings: Settings, name: str, values: dict[str, Any]) -> st
         raise TemplateError(f"template {name}: {exc.message}") from None
     except jinja2.TemplateSyntaxError as exc:
         raise TemplateError(f"template {exc.filename or name}:{exc.lineno}: {exc.message}") from None
+    except UnsafeValue as exc:
+        raise exc.refusal(subject) from None
+    changed = compare_structure(expected, text, real.emitted)
+    if changed is not None:
+        raise changed.refusal(subject)
+    return text
+
+
+def _template_values(spec: BuildSpec, settings: Settings, packages: BuildPackages, origins: dict[str, str],
+                     python_bin: str, path: str, requirements_sha: str | None) -> dict[str, Any]:
+    """The builder template's values; every location a setting can move is checked as a URL and
+    tagged with the setting it came from."""
+    apt = apt_base(spec, settings)
+    if apt:
+        checked_url(apt, origins["apt"])
+    pip_index = settings.pypi_base()
+    cuda = None
+    if not spec.is_cpu:
+        cuda = {
+            "version": spec.cuda,
+            "full": spec.cuda_full,
+            "runfile_url": checked_url(artifact_url(spec.cuda_runfile.url, spec.cuda_runfile.sha256, settings),
+                                       origins["files"]),
+            "runfile_sha256": spec.cuda_runfile.sha256,
+            "runfile_name": spec.cuda_runfile.name,
+            "cudnn": spec.cudnn,
+            "cudnn_url": checked_url(artifact_url(spec.cudnn_archive.url, spec.cudnn_archive.sha256, settings),
+                                     origins["files"]),
+            "cudnn_sha256": spec.cudnn_archive.sha256,
+            "cudnn_name": spec.cudnn_archive.name,
+        }
+    return {
+        "spec": spec,
+        "from_ref": Outside(image_from(spec, settings), origins["image"]),
+        "apt_sources": [Outside(line, origins["apt"]) for line in apt_sources(spec, settings)],
+        "apt_packages": packages.apt,
+        "python_mode": packages.python_mode,
+        "requirements_name": REQUIREMENTS_NAME,
+        "requirements_sha256": requirements_sha,
+        "pip_index": checked_url(pip_index, origins["pip"]) if pip_index and packages.pip else pip_index,
+        "cuda": cuda,
+        "uid": BUILDER_UID,
+        "path": path,
+        "env": {k: Outside(v, f"the build environment's {k} (the spec: --arch, the matrix)")
+                for k, v in build_environment(spec, python_bin).items()},
+    }
 
 
 def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
@@ -295,32 +655,13 @@ def render(spec: BuildSpec, settings: Settings) -> RenderedDockerfile:
     if not spec.is_cpu:
         path = "/usr/local/cuda/bin:" + path
     labels = spec_labels(spec)
-    values = {
-        "spec": spec,
-        "from_ref": image_from(spec, settings),
-        "apt_sources": apt_sources(spec, settings),
-        "apt_packages": packages.apt,
-        "python_mode": packages.python_mode,
-        "requirements_name": REQUIREMENTS_NAME,
-        "requirements_sha256": requirements_sha,
-        "pip_index": settings.pypi_base(),
-        "cuda": None if spec.is_cpu else {
-            "version": spec.cuda,
-            "full": spec.cuda_full,
-            "runfile_url": artifact_url(spec.cuda_runfile.url, spec.cuda_runfile.sha256, settings),
-            "runfile_sha256": spec.cuda_runfile.sha256,
-            "runfile_name": spec.cuda_runfile.name,
-            "cudnn": spec.cudnn,
-            "cudnn_url": artifact_url(spec.cudnn_archive.url, spec.cudnn_archive.sha256, settings),
-            "cudnn_sha256": spec.cudnn_archive.sha256,
-            "cudnn_name": spec.cudnn_archive.name,
-        },
-        "uid": BUILDER_UID,
-        "path": path,
-        "env": {k: _label_value(v) for k, v in build_environment(spec, python_bin).items()},
-        "labels": {k: _label_value(v) for k, v in labels.items()},
-    }
-    text = render_template(settings, TEMPLATE_NAME, values)
+    origins = setting_origins(spec, settings)
+    try:
+        values = _template_values(spec, settings, packages, origins, python_bin, path, requirements_sha)
+    except UnsafeValue as exc:
+        raise exc.refusal(spec.build_id) from None
+    values["labels"] = {k: Outside(v, f"the build spec's LABEL {k}") for k, v in labels.items()}
+    text = render_template(settings, TEMPLATE_NAME, values, subject=spec.build_id)
     sha = hashlib.sha256(text.encode()).hexdigest()
     return RenderedDockerfile(text=text, sha256=sha, image_tag=f"patcher-builder:{sha[:16]}",
                               build_id=spec.build_id, labels=labels, context_files=context_files)

@@ -84,6 +84,13 @@ class TemplateError(PatcherError):
     exit_code = 15
 
 
+class DockerfileInjectionError(PatcherError):
+    """A value would change the rendered Dockerfile's instructions (a new line, a quote break-out,
+    another FROM) or cannot be written safely where the template puts it."""
+
+    exit_code = 18
+
+
 class OutputWriteError(PatcherError):
     """A file the command writes (rendered Dockerfile, locked matrix) could not be written."""
 

@@ -233,7 +233,7 @@ def test_missing_template_is_a_template_error(patcher_cli, tmp_path):
 
 def test_undefined_template_value_is_refused(patcher_cli, tmp_path):
     (tmp_path / "catalog" / "dockerfiles").mkdir(parents=True)
-    (tmp_path / "catalog" / "dockerfiles" / "builder.Dockerfile.j2").write_text("FROM {{ no_such_value }}\n")
+    (tmp_path / "catalog" / "dockerfiles" / "builder.Dockerfile.j2").write_text("FROM {{ no_such_value | image_ref }}\n")
     res = patcher_cli("--catalog", tmp_path / "catalog", "render", "--torch", "1.13.1", "--cuda", "none",
                       "-o", tmp_path / "out")
     assert res.exit_code == 15 and "no_such_value" in res.stderr
