@@ -158,7 +158,7 @@ class Settings:
 
 # Each setting's rule (patcher/setting_rules.py): what kind of value it is and what it may hold.
 _RULES: dict[str, Callable[[str, Origin, Any], Any]] = {
-    "catalog": lambda n, o, v: rules.existing_dir(n, o, v, must_hold="patches"),
+    "catalog": lambda n, o, v: rules.existing_dir(n, o, v, must_hold_one_of=("patches", "dockerfiles")),
     "matrix": rules.path,        # read at once by spec.load_matrix, which says when it is missing
     "advisories": rules.path,    # read by advisories.load, which says when it is missing
     "mirror": rules.location,

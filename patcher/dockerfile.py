@@ -48,6 +48,7 @@ from patcher.config import Settings
 from patcher.errors import (
     ConfigError,
     DockerfileInjectionError,
+    InvalidSettingError,
     OutputWriteError,
     TemplateError,
     UnpinnedInputError,
@@ -294,8 +295,9 @@ def build_environment(spec: BuildSpec, python_bin: str) -> dict[str, str]:
 
 # --- values that cannot steer the Dockerfile ---------------------------------------------------
 # Exit codes a hostile value given to `patcher render` may end in: refused at the edge as a bad
-# setting (ConfigError) or here, as an injection.
-RENDER_REFUSAL_CODES = frozenset({ConfigError.exit_code, DockerfileInjectionError.exit_code})
+# setting (InvalidSettingError, ConfigError) or here, as an injection.
+RENDER_REFUSAL_CODES = frozenset({ConfigError.exit_code, InvalidSettingError.exit_code,
+                                  DockerfileInjectionError.exit_code})
 
 SHOWN_VALUE_CHARS = 200
 # A word the shell and the Dockerfile parser give no meaning: shlex.quote leaves exactly these bare.

@@ -157,13 +157,14 @@ def path(setting: str, origin: Origin, value: object) -> Path:
     return Path(text).expanduser()
 
 
-def existing_dir(setting: str, origin: Origin, value: object, must_hold: str | None = None) -> Path:
+def existing_dir(setting: str, origin: Origin, value: object, must_hold_one_of: tuple[str, ...] = ()) -> Path:
     result = path(setting, origin, value)
     if not result.is_dir():
         what = "does not exist" if not result.exists() else "is not a directory"
         raise _refuse(setting, origin, value, f"the directory {what}")
-    if must_hold and not (result / must_hold).is_dir():
-        raise _refuse(setting, origin, value, f"holds no {must_hold}/ directory (is it a patcher catalog?)")
+    if must_hold_one_of and not any((result / name).is_dir() for name in must_hold_one_of):
+        held = " or ".join(f"{name}/" for name in must_hold_one_of)
+        raise _refuse(setting, origin, value, f"holds no {held} directory (is it a patcher catalog?)")
     return result
 
 

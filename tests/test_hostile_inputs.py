@@ -203,7 +203,7 @@ def test_a_missing_catalog_is_refused_not_read_as_empty(tmp_path, clean_env, cap
     _assert_refused(code, out, err, tmp_path, names=("setting catalog", "$PATCHER_CATALOG", "does not exist"))
     (tmp_path / "empty").mkdir()
     code, out, err = _call(["--catalog", str(tmp_path / "empty"), "advisories", "--torch", "1.4.0"], capsys)
-    _assert_refused(code, out, err, tmp_path, names=("setting catalog", "--catalog", "holds no patches/"))
+    _assert_refused(code, out, err, tmp_path, names=("setting catalog", "--catalog", "holds no patches/ or dockerfiles/"))
 
 
 @pytest.mark.parametrize("make, rule", [

@@ -225,7 +225,8 @@ def test_pip_override_pins_a_wheel(patcher_cli, tmp_path):
 
 
 def test_missing_template_is_a_template_error(patcher_cli, tmp_path):
-    (tmp_path / "catalog").mkdir()
+    # a catalog with an empty dockerfiles/ (one with neither folder is refused as a setting, exit 19)
+    (tmp_path / "catalog" / "dockerfiles").mkdir(parents=True)
     res = patcher_cli("--catalog", tmp_path / "catalog", "render", "--torch", "1.13.1", "--cuda", "none")
     assert res.exit_code == 15 and "builder.Dockerfile.j2 does not exist" in res.stderr
     assert "Traceback" not in res.stderr
