@@ -202,9 +202,10 @@ class CatalogByContent:
 
         folder = f"patches/{self.torch}/"
         found: dict[str, tuple[str, bytes]] = {}
+        if shutil.which("git") is None or not (self.catalog / "patches" / self.torch).is_dir():
+            return found
         try:
-            top = run_git("rev-parse", "--show-toplevel", cwd=self.catalog, check=False)
-            if top.returncode != 0 or Path(top.stdout.strip()).resolve() != self.catalog.resolve():
+            if run_git("rev-parse", "--is-inside-work-tree", cwd=self.catalog, check=False).returncode != 0:
                 return found
             log = run_git("log", "--format=commit %H", "--raw", "--no-abbrev", "--no-renames", "--", folder,
                           cwd=self.catalog, check=False).stdout

@@ -41,7 +41,7 @@ def report_cmd(target, out_path, pdf, key_path, catalog, as_json) -> None:
                    "check but the wheel's own sha256; --catalog names the catalog the build used", err=True)
     if as_json:
         echo_json({"html": result.html, "pdf": result.pdf, "verdict": result.verdict,
-                   "checks": [c.__dict__ for c in result.checks]})
+                   "checks": [c.__dict__ for c in result.checks], "wheel_gone": result.wheel_gone})
         return
     click.echo(f"wrote {result.html}" + (f" and {result.pdf}" if result.pdf else ""))
     click.echo(f"  verdict    {result.verdict}")
