@@ -2,9 +2,12 @@
 
 ``patcher report WHEEL|BUILD_DIR|EVIDENCE_DIR`` reads only what certify signed: the DSSE-signed
 statement (``W.intoto.jsonl``), and the files it binds by digest (the SBOM, the probe report, a
-VEX when one is there).  The catalog's patch files are read for their subject and trailers only
-when their sha256 is the one the statement signed.  Every check is made again here and its
-result printed on top: a page whose evidence does not verify says so in red before anything else.
+VEX when one is there).  Each patch's subject and trailers are the ones the statement signs (certify
+records them); for older evidence they are read from a catalog file, or a version of it in the
+catalog's git history, whose sha256 is the signed one.  Every check is made again here and printed
+on top, and the verdict is the worst of them (``verdict_of``, ``VERDICT_RULE``): the evidence's
+integrity, each patch's own probe checks, the signed VEX's advisories.  A target whose wheel is gone
+(a recorded run keeps only the evidence) is reported from the evidence, the wheel's digest unchecked.
 
 The page carries its style and its chart inline: no script, no font, no image, no request leaves
 it.  The PDF is the same page printed by headless Chromium.
@@ -358,13 +361,17 @@ def _advisory_check(vex: list[dict[str, Any]] | None, vex_doc: Any) -> Check:
 
 
 def _where_probed(probe: dict[str, Any]) -> str:
+    """Where the probe ran, in the probe report's own words."""
     env = probe.get("environment") or {}
     py = env.get("python") or {}
     plat = env.get("platform") or {}
-    torch = (env.get("torch") or {}).get("version") or probe.get("torch", "?")
-    where = py.get("executable") or "an interpreter the report does not name"
-    return (f"ran {probe.get('started', '')} with {where} (Python {py.get('version') or probe.get('python', '?')}, "
-            f"torch {torch}, {plat.get('system', '?')} {plat.get('machine', '')})").replace("ran  with", "ran with")
+    facts = [f"Python {py.get('version') or probe.get('python') or '?'}",
+             f"torch {(env.get('torch') or {}).get('version') or probe.get('torch') or '?'}"]
+    if plat.get("system"):
+        facts.append(f"{plat['system']} {plat.get('machine', '')}".strip())
+    started = f" {probe['started']}" if probe.get("started") else ""
+    where = py.get("executable") or "an interpreter the probe report does not name"
+    return f"ran{started} with {where} ({', '.join(facts)})"
 
 
 def verdict_of(checks: list[Check]) -> str:
