@@ -104,3 +104,28 @@ def test_recorded_1131_page_has_the_patches_real_subjects_from_the_signed_bytes(
            "in the catalog for 13, unknown for 0" in text
     assert "PT-0201: determinism.adaptive_max_pool2d skip" in _top(text)
     assert "advisories: absent: no VEX is signed" in _top(text)
+
+
+def test_the_image_scan_and_the_libraries_it_resolved_are_on_the_page(tmp_path):
+    """A wheel with real ELF files, its builder image scanned (here: this Debian host, with the argv the
+    image runs), certified: the page lists the image's packages the provenance signs."""
+    from patcher import keys, sbom
+    from tests.fixtures.index_env import make_build_record, make_probe_report
+    from tests.test_sbom import host_scan, make_elf_wheel
+
+    wheel = make_elf_wheel(tmp_path / "dist")
+    record = make_build_record(tmp_path / "work", wheel)
+    inventory = sbom.Inventory(image="host", image_id="", wheel=wheel.name,
+                               wheel_sha256=evidence.sha256_file(wheel),
+                               scan=host_scan(sbom.external_sonames(sbom.wheel_elves(wheel))))
+    sbom.save_inventory(inventory, record.parent)
+    key, public = tmp_path / "key.pem", tmp_path / "key.pub.pem"
+    keys.generate_key(key)
+    keys.export_public(key, out=public)
+    evidence.certify(record, make_probe_report(tmp_path / "probe.json"), key, catalog=REPO_ROOT)
+    result = report.write_report(wheel, out=tmp_path / "scan.html", public_key=public, catalog=None)
+    libc = next(p for p in inventory.packages if p["name"] == "libc6")
+    text = render_and_check(result.html, tmp_path, [
+        "Builder image scan", f"names the builder image's {len(inventory.packages)} Debian packages",
+        f"libc6 (= {libc['version']})", "libc.so.6"], AMBER)
+    assert "carries no scan of the builder image" not in text
