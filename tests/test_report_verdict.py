@@ -129,3 +129,23 @@ def test_the_image_scan_and_the_libraries_it_resolved_are_on_the_page(tmp_path):
         "Builder image scan", f"names the builder image's {len(inventory.packages)} Debian packages",
         f"libc6 (= {libc['version']})", "libc.so.6"], AMBER)
     assert "carries no scan of the builder image" not in text
+
+
+def test_certify_signs_a_patch_header_only_for_the_bytes_the_build_used(certified_bundle, tmp_path):
+    """A catalog file edited after the build is not the patch the wheel carries: certify signs no subject
+    for it, and the report shows what the evidence has (file and sha256) instead of the new text."""
+    b = certified_bundle
+    edited = b.catalog / "patches" / "1.4.0" / "0102-ctc-loss-refuse-empty-log-probs.patch"
+    edited.write_text(edited.read_text().replace("Subject: [PATCH] ", "Subject: [PATCH] EDITED "))
+    recertify(b, tmp_path)
+    prov = b.wheel.with_name(b.wheel.name + evidence.PROVENANCE_SUFFIX)
+    statement = json.loads(base64.b64decode(json.loads(prov.read_text())["payload"]))
+    signed = {d["name"]: d["annotations"] for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+              if d["annotations"]["kind"] == "patch"}
+    assert "patchSubject" not in signed[edited.name]
+    assert sum("patchSubject" in a for a in signed.values()) == 3
+    result = report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
+    page = result.html.read_text()
+    assert "EDITED" not in page and "no catalog file has this sha256: subject and trailers unknown" in page
+    proofs = next(c for c in result.checks if c.name == "patch proofs")
+    assert proofs.status == "unproven" and "PT-0102: which checks prove it is unknown" in proofs.detail
