@@ -159,7 +159,7 @@ def check_pdf(pdf: Path, tmp_path: Path, facts: list[str]) -> int:
     return len(pages)
 
 
-GREEN, AMBER = (0x1A, 0x7F, 0x37), (0x9A, 0x67, 0x00)
+GREEN, AMBER, RED = (0x1A, 0x7F, 0x37), (0x9A, 0x67, 0x00), (0xCF, 0x22, 0x2E)
 
 
 def test_the_request_check_sees_what_a_page_asks_for(tmp_path):
@@ -191,16 +191,17 @@ def test_standin_build_report_reads_right_in_chromium(standin_certified, tmp_pat
     s = standin_certified
     result = report.write_report(s.build_dir, pdf=True, public_key=s.public_key, catalog=s.catalog)
     assert result.html == s.wheel.with_name(s.wheel.name + report.REPORT_SUFFIX)
-    # its probe report (make_probe_report) runs none of PT-0090's own checks: verified evidence, amber verdict
-    assert result.verdict == "incomplete", result.checks
+    # verified evidence of a wheel that is not good: its probe report (make_probe_report) runs none of
+    # PT-0090's own checks, and it carries none of 1.4.0's security patches, so its VEX has exploitable ones
+    assert result.verdict == "failed", result.checks
     status = {c.name: c.status for c in result.checks}
     assert status["signature"] == status["wheel"] == status["SBOM"] == status["probe report"] == "ok"
-    assert status["patch proofs"] == "unproven"
-    facts = ["not everything is proven", s.wheel.name, s.record["wheel"]["sha256"], "PT-0090", "libstdc++.so.6",
-             "libstdc++6", "reproducible true", "third_party/dep", "Builder image scan",
+    assert status["patch proofs"] == "unproven" and status["advisories"] == "failed"
+    facts = ["this wheel FAILS a check", "CVE-2022-45907", s.wheel.name, s.record["wheel"]["sha256"], "PT-0090",
+             "libstdc++.so.6", "libstdc++6", "reproducible true", "third_party/dep", "Builder image scan",
              f"names the builder image's {len(s.inventory.packages)} Debian packages"]
-    render_and_check(result.html, tmp_path, facts, AMBER)
-    check_pdf(result.pdf, tmp_path, ["not everything is proven", "PT-0090", "libstdc++.so.6"])
+    render_and_check(result.html, tmp_path, facts, RED)
+    check_pdf(result.pdf, tmp_path, ["this wheel FAILS a check", "PT-0090", "libstdc++.so.6"])
 
 
 def test_recorded_1131_report_is_committed_and_reads_right(tmp_path):

@@ -10,9 +10,7 @@ import re
 
 from patcher import evidence, report
 from tests.test_report import RECORDED, REPO_ROOT, recertify, site_assessments
-from tests.test_report_chromium import AMBER, GREEN, render_and_check
-
-RED = (0xCF, 0x22, 0x2E)
+from tests.test_report_chromium import AMBER, GREEN, RED, render_and_check
 
 
 def _top(page_text: str) -> str:
