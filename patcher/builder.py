@@ -426,7 +426,8 @@ def stage_certify(b: Build) -> tuple[CertifyOutcome, str]:
         b.progress.note(f"no signing key yet: made {DEFAULT_KEY_PATH} (key id {made.keyid[:16]}); "
                         f"`patcher keys export` gives its public key to verifiers")
     result = evidence.certify(b.workdir.record_path, b.dir / b.record.probe_report, b.settings.key_path,
-                              out_dir=b.workdir.dist, advisories_file=b.settings.advisories)
+                              out_dir=b.workdir.dist, advisories_file=b.settings.advisories,
+                              catalog=b.settings.catalog)
     files = EvidenceFiles(provenance=str(Path(result.provenance).relative_to(b.dir)),
                           sbom=str(Path(result.sbom).relative_to(b.dir)), keyid=result.keyid)
     return CertifyOutcome(files), f"signed with key {result.keyid[:16]}"

@@ -286,6 +286,12 @@ class ReportRenderError(PatcherError):
     exit_code = 68
 
 
+class ReportTargetError(EvidenceFormatError):
+    """`patcher report` was given something that holds no one wheel's signed evidence."""
+
+    exit_code = 102   # 6x is full; 100-101 are the advisories'
+
+
 # --- publish (7x) -------------------------------------------------------------------------
 class PublishError(PatcherError):
     exit_code = 70

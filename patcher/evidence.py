@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -199,7 +200,60 @@ def _digest_of(value: str) -> dict[str, str]:
     return {algo: hexdigest} if hexdigest else {"sha256": value}
 
 
-def resolved_dependencies(spec: BuildSpec, record: BuildRecord, inventory: Any = None) -> list[dict[str, Any]]:
+# --------------------------------------------------------------------------------------------
+# what a patch says about itself
+_TRAILER_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9-]*):[ \t]*(.*)$")
+
+
+def patch_header(data: bytes) -> dict[str, Any]:
+    """The subject and trailers of one format-patch message, as its bytes state them.
+
+    Read without the catalog's rules on purpose: a patch of an older catalog may lack a trailer
+    that today's catalog requires, and what it says is still what was signed."""
+    text = data.decode("utf-8", "replace")
+    head, _, body = text.partition("\n\n")
+    found = re.search(r"^Subject:[ \t]*(.*(?:\n[ \t].*)*)", head, re.M)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(found.group(1).split())) if found else ""
+    diff = re.search(r"^diff --git ", body, re.M)
+    message = body[:diff.start()] if diff else body
+    separator = re.search(r"^---$", message, re.M)
+    if separator:
+        message = message[:separator.start()]
+    paragraphs = [p for p in re.split(r"\n\s*\n", message.strip("\n")) if p.strip()]
+    trailers: dict[str, str] = {}
+    key = None
+    for line in paragraphs[-1].splitlines() if len(paragraphs) > 1 else []:
+        match = _TRAILER_LINE.match(line)
+        if match:
+            key = match.group(1)
+            trailers[key] = match.group(2).strip()
+        elif line[:1] in (" ", "\t") and key:
+            trailers[key] += " " + line.strip()   # a folded trailer
+        else:
+            trailers = {}                         # not a trailer block after all
+            break
+    return {"subject": subject, "trailers": trailers}
+
+
+def catalog_patch_headers(catalog: Path | None, torch: str, record: BuildRecord) -> dict[str, dict[str, Any]]:
+    """For each patch of the record whose catalog file still has the recorded sha256: its subject and
+    trailers, so that the signed statement carries them (a later catalog may change or drop the file)."""
+    if catalog is None:
+        return {}
+    out = {}
+    for patch in record.patches:
+        path = Path(catalog) / "patches" / torch / patch.file
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() == patch.sha256:
+            out[patch.file] = patch_header(data)
+    return out
+
+
+def resolved_dependencies(spec: BuildSpec, record: BuildRecord, inventory: Any = None,
+                          patch_headers: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     src = record.source
     deps: list[dict[str, Any]] = [{
         "name": "source", "uri": f"git+{src.repo}@refs/tags/{src.tag}",
@@ -210,10 +264,12 @@ def resolved_dependencies(spec: BuildSpec, record: BuildRecord, inventory: Any =
         deps.append({"name": f"submodule:{sub.path}", "uri": f"git+{sub.url}",
                      "digest": {"gitCommit": sub.commit}, "annotations": {"kind": "submodule", "path": sub.path}})
     for position, patch in enumerate(record.patches, start=1):
+        annotations = {"kind": "patch", "patchId": patch.id, "commit": patch.commit, "position": position}
+        header = (patch_headers or {}).get(patch.file)
+        if header is not None:
+            annotations.update(patchSubject=header["subject"], patchTrailers=header["trailers"])
         deps.append({"name": patch.file, "uri": f"patcher:patches/{spec.torch}/{patch.file}",
-                     "digest": {"sha256": patch.sha256},
-                     "annotations": {"kind": "patch", "patchId": patch.id, "commit": patch.commit,
-                                     "position": position}})
+                     "digest": {"sha256": patch.sha256}, "annotations": annotations})
     deps.append({"name": "base-image", "uri": f"docker://{spec.image.ref}",
                  "digest": _digest_of(record.base_image_digest),
                  "annotations": {"kind": "base-image", "image": spec.image.name}})
@@ -235,7 +291,7 @@ def resolved_dependencies(spec: BuildSpec, record: BuildRecord, inventory: Any =
 
 
 def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[str, Any]],
-                    inventory: Any = None) -> dict[str, Any]:
+                    inventory: Any = None, patch_headers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "_type": STATEMENT_TYPE,
         "subject": [{"name": record.wheel.name, "digest": {"sha256": record.wheel.sha256}}],
@@ -255,7 +311,7 @@ def build_statement(record: BuildRecord, spec: BuildSpec, byproducts: list[dict[
                     "unprovenPatches": [{"id": u.id, "checks": list(u.checks), "reason": u.reason}
                                         for u in record.unproven_patches],
                 },
-                "resolvedDependencies": resolved_dependencies(spec, record, inventory),
+                "resolvedDependencies": resolved_dependencies(spec, record, inventory, patch_headers),
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID, "version": {"patcher": __version__}},
@@ -334,7 +390,10 @@ def _stage_and_replace(files: dict[Path, bytes | Path]) -> None:
 
 
 def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir: Path | None = None,
-            allow_failed_probe: bool = False, advisories_file: Path | None = None) -> CertifyResult:
+            allow_failed_probe: bool = False, advisories_file: Path | None = None,
+            catalog: Path | None = None) -> CertifyResult:
+    """Sign the evidence of one build.  ``catalog``: the catalog root; each patch file there that still
+    has the recorded sha256 gives its subject and trailers to the statement (the report reads them)."""
     record_path = Path(record_path)
     record = load_record(record_path)
     spec = _spec_of(record)
@@ -388,7 +447,8 @@ def certify(record_path: Path, probe_report_path: Path, key_path: Path, out_dir:
         {"name": Path(record.log_path).name, "digest": {"sha256": log_sha256}, "mediaType": "text/plain",
          "annotations": {"kind": "build-log"}},
     ]
-    statement = build_statement(record, spec, byproducts, inventory)
+    statement = build_statement(record, spec, byproducts, inventory,
+                                catalog_patch_headers(catalog, spec.torch, record))
     envelope = sign_envelope(canonical_json(statement), key)
     # Everything is computed: only now touch the file system.
     out = Path(out_dir) if out_dir is not None else wheel_path.parent

@@ -2,9 +2,12 @@
 
 ``patcher report WHEEL|BUILD_DIR|EVIDENCE_DIR`` reads only what certify signed: the DSSE-signed
 statement (``W.intoto.jsonl``), and the files it binds by digest (the SBOM, the probe report, a
-VEX when one is there).  The catalog's patch files are read for their subject and trailers only
-when their sha256 is the one the statement signed.  Every check is made again here and its
-result printed on top: a page whose evidence does not verify says so in red before anything else.
+VEX when one is there).  Each patch's subject and trailers are the ones the statement signs (certify
+records them); for older evidence they are read from a catalog file, or a version of it in the
+catalog's git history, whose sha256 is the signed one.  Every check is made again here and printed
+on top, and the verdict is the worst of them (``verdict_of``, ``VERDICT_RULE``): the evidence's
+integrity, each patch's own probe checks, the signed VEX's advisories.  A target whose wheel is gone
+(a recorded run keeps only the evidence) is reported from the evidence, the wheel's digest unchecked.
 
 The page carries its style and its chart inline: no script, no font, no image, no request leaves
 it.  The PDF is the same page printed by headless Chromium.
@@ -13,6 +16,7 @@ it.  The PDF is the same page printed by headless Chromium.
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import os
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from patcher import evidence, sbom
-from patcher.errors import EvidenceFormatError, PatcherError, ReportRenderError
+from patcher.errors import EvidenceFormatError, PatcherError, ReportRenderError, ReportTargetError
 
 REPORT_SUFFIX = ".report.html"
 VEX_SUFFIX = ".vex.json"
@@ -36,7 +40,7 @@ TEMPLATE = "report.html.j2"
 @dataclass
 class Check:
     name: str
-    status: str            # ok | failed | absent | skipped
+    status: str            # ok | failed | absent | skipped | unproven | open
     detail: str = ""
 
 
@@ -44,7 +48,7 @@ class Check:
 class ReportData:
     wheel: str
     wheel_sha256: str
-    verdict: str           # verified | incomplete (nothing failed, something not checkable) | failed
+    verdict: str           # verified | incomplete (nothing failed, something not proven) | failed (verdict_of)
     checks: list[Check]
     keyid: str
     statement: dict[str, Any]
@@ -62,6 +66,9 @@ class ReportData:
     reproducibility: dict[str, str]
     commands: list[tuple[str, str]]
     build: dict[str, Any] = field(default_factory=dict)
+    image_package_list: list[dict[str, str]] = field(default_factory=list)
+    wheel_gone: str = ""   # where the wheel was looked for, when it is not there
+    rule: str = ""         # the verdict's rule, printed under it
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -71,29 +78,61 @@ def _read_json(path: Path, what: str) -> Any:
         raise EvidenceFormatError(f"{what} {path.name} cannot be read as JSON: {exc}") from None
 
 
-def find_wheel(target: Path) -> Path:
-    """The wheel path a target names: a wheel, a build directory (record.json), an evidence folder."""
+@dataclass(frozen=True)
+class Located:
+    """Where a target's evidence is: ``wheel`` is the wheel's path (its evidence lies beside it, the
+    wheel itself may be gone); ``gone`` says, when the wheel is not there, where it was looked for."""
+
+    wheel: Path
+    gone: str = ""
+
+
+def _provenances(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.whl" + evidence.PROVENANCE_SUFFIX))
+
+
+def _wheel_of(provenance: Path) -> Path:
+    return provenance.with_name(provenance.name[: -len(evidence.PROVENANCE_SUFFIX)])
+
+
+def locate(target: Path) -> Located:
+    """The wheel a target names: a wheel, a build directory (record.json), a folder holding one wheel's
+    evidence, or a folder one of whose sub-folders does (a recorded run keeps it in ``evidence/``)."""
     target = Path(target)
     if target.suffix == ".whl":
         if not target.with_name(target.name + evidence.PROVENANCE_SUFFIX).is_file():
-            raise EvidenceFormatError(f"no provenance {target.name}{evidence.PROVENANCE_SUFFIX} beside {target}",
-                                      hint="run `patcher certify` for this build first")
-        return target
+            raise ReportTargetError(f"no provenance {target.name}{evidence.PROVENANCE_SUFFIX} beside {target}",
+                                    hint="run `patcher certify` for this build first")
+        return Located(target, "" if target.is_file() else f"{target.name} is not in {target.parent}")
     if not target.is_dir():
-        raise EvidenceFormatError(f"{target} is neither a wheel nor a directory")
+        raise ReportTargetError(f"{target} is neither a wheel nor a directory")
     record = target / "record.json"
     if record.is_file():
         data = _read_json(record, "build record")
-        path = (data.get("wheel") or {}).get("path") if isinstance(data, dict) else None
+        data = data if isinstance(data, dict) else {}
+        path = (data.get("wheel") or {}).get("path")
         if not path:
-            raise EvidenceFormatError(f"build record {record} names no wheel: the build has not finished")
+            raise ReportTargetError(f"build record {record} names no wheel: the build has not finished")
         wheel = Path(path) if Path(path).is_absolute() else target / path
-        return find_wheel(wheel)
-    found = sorted(target.glob("*.whl" + evidence.PROVENANCE_SUFFIX))
+        signed = (data.get("evidence") or {}).get("provenance")
+        if not wheel.with_name(wheel.name + evidence.PROVENANCE_SUFFIX).is_file() and signed:
+            wheel = _wheel_of(Path(signed) if Path(signed).is_absolute() else target / signed)
+        return locate(wheel)
+    found = _provenances(target)
+    if not found:
+        # one level down: a recorded run or a build folder keeps its evidence in a sub-folder
+        found = [p for sub in sorted(target.iterdir()) if sub.is_dir() for p in _provenances(sub)]
     if len(found) != 1:
-        raise EvidenceFormatError(f"{target} holds {len(found)} provenance files, not one",
-                                  hint="give the wheel itself")
-    return found[0].with_name(found[0].name[: -len(evidence.PROVENANCE_SUFFIX)])
+        names = ", ".join(str(p.relative_to(target)) for p in found[:4]) or "none"
+        raise ReportTargetError(f"{target} holds {len(found)} wheels' signed evidence, not one ({names})",
+                                hint="give the wheel, or the folder that holds one wheel's *.intoto.jsonl")
+    wheel = _wheel_of(found[0])
+    return Located(wheel, "" if wheel.is_file() else f"{wheel.name} is not in {wheel.parent}")
+
+
+def find_wheel(target: Path) -> Path:
+    """The wheel path a target names (it may be gone; its evidence is beside that path)."""
+    return locate(target).wheel
 
 
 def _unverified_statement(wheel: Path) -> dict[str, Any]:
@@ -131,47 +170,154 @@ def _checked_file(wheel: Path, item: dict[str, Any] | None, what: str, checks: l
     return path
 
 
-def _patch_rows(deps: list[dict[str, Any]], catalog: Path | None, torch: str,
-                probe_checks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Check]:
-    from patcher.patches import parse_patch_file
+class CatalogByContent:
+    """The catalog's patch files of one release, found by sha256 only (trust by content): the files
+    in ``patches/<torch>/`` and, when the catalog is a git work tree, every version of them in its
+    history (a build recorded against an older catalog still finds the bytes it signed)."""
 
+    def __init__(self, catalog: Path | None, torch: str) -> None:
+        self.catalog = Path(catalog) if catalog is not None else None
+        self.torch = torch
+        self._files: dict[str, tuple[str, bytes]] | None = None
+        self._history: dict[str, tuple[str, bytes]] | None = None
+
+    def find(self, sha256: str, names: set[str]) -> tuple[str, bytes] | None:
+        """(where it was found, its bytes) for the file with this sha256, or None."""
+        if self.catalog is None:
+            return None
+        if self._files is None:
+            self._files = {}
+            folder = self.catalog / "patches" / self.torch
+            for path in sorted(folder.glob("*.patch")) if folder.is_dir() else []:
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                self._files[hashlib.sha256(data).hexdigest()] = (f"catalog file {path.name}", data)
+        if sha256 in self._files:
+            return self._files[sha256]
+        if self._history is None:
+            self._history = self._read_history(names)
+        return self._history.get(sha256)
+
+    def _read_history(self, names: set[str]) -> dict[str, tuple[str, bytes]]:
+        from patcher.source import GitCommandFailed, run_git
+
+        folder = f"patches/{self.torch}/"
+        found: dict[str, tuple[str, bytes]] = {}
+        if shutil.which("git") is None or not (self.catalog / "patches" / self.torch).is_dir():
+            return found
+        try:
+            if run_git("rev-parse", "--is-inside-work-tree", cwd=self.catalog, check=False).returncode != 0:
+                return found
+            log = run_git("log", "--format=commit %H", "--raw", "--no-abbrev", "--no-renames", "--", folder,
+                          cwd=self.catalog, check=False).stdout
+            blobs: dict[str, tuple[str, str]] = {}
+            commit = ""
+            for line in log.splitlines():
+                if line.startswith("commit "):
+                    commit = line.split()[1]
+                elif line.startswith(":") and "\t" in line:
+                    fields_, path = line.split("\t", 1)
+                    blob = fields_.split()[3]
+                    if Path(path).name in names and set(blob) != {"0"}:
+                        blobs.setdefault(blob, (commit, Path(path).name))
+            for blob, (commit, name) in blobs.items():
+                shown = run_git("cat-file", "blob", blob, cwd=self.catalog, check=False)
+                data = shown.stdout.encode("utf-8", "surrogateescape")
+                # the bytes are trusted only by their sha256, so a decoding slip cannot mislead: it misses
+                found.setdefault(hashlib.sha256(data).hexdigest(),
+                                 (f"{name} as of the catalog's commit {commit[:12]}", data))
+        except (GitCommandFailed, OSError, ValueError, IndexError):
+            return found
+        return found
+
+
+_PASSED = "pass"
+
+
+def _patch_rows(deps: list[dict[str, Any]], catalog: Path | None, torch: str,
+                probe_checks: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Check, Check]:
+    """The patch table from the signed statement: Patch-Id, file and sha256 as signed; subject and
+    trailers as signed (certify records them), else from a catalog file with exactly that sha256.
+    Returns the rows, the series check and the check that each patch's own probe checks passed."""
     signed = sorted((d for d in deps if (d.get("annotations") or {}).get("kind") == "patch"),
-                    key=lambda d: d["annotations"].get("position", 0))
+                    key=lambda d: (d.get("annotations") or {}).get("position", 0))
+    by_id = {str(c.get("id")): c for c in probe_checks}
+    by_content = CatalogByContent(catalog, torch)
+    names = {str(d.get("name", "")) for d in signed}
     rows = []
-    mismatched = []
+    counts = {"signed": 0, "matched": 0, "unknown": 0}
+    failed, unproven = [], []
     for d in signed:
         ann = d.get("annotations") or {}
-        row = {"id": ann.get("patchId", ""), "file": d.get("name", ""), "sha256": (d.get("digest") or {}).get("sha256", ""),
-               "subject": "", "category": "", "upstream_bug": "", "upstream_fix": "", "probes": [],
-               "catalog": "not read"}
-        path = Path(catalog) / "patches" / torch / row["file"] if catalog else None
-        if path is not None and path.is_file():
-            try:
-                patch = parse_patch_file(path, torch)
-            except PatcherError as exc:
-                row["catalog"] = f"unreadable: {exc}"
+        row: dict[str, Any] = {"id": str(ann.get("patchId", "")), "file": str(d.get("name", "")),
+                               "sha256": str((d.get("digest") or {}).get("sha256", "")), "subject": "",
+                               "trailers": {}, "source": ""}
+        if isinstance(ann.get("patchTrailers"), dict):
+            row.update(subject=str(ann.get("patchSubject", "")), trailers=dict(ann["patchTrailers"]),
+                       source="signed in the provenance (read from the patch's bytes at certify)")
+            counts["signed"] += 1
+        else:
+            match = by_content.find(row["sha256"], names)
+            if match is not None:
+                header = evidence.patch_header(match[1])
+                row.update(subject=header["subject"], trailers=header["trailers"],
+                           source=f"matched by sha256: {match[0]}")
+                counts["matched"] += 1
             else:
-                if patch.sha256 == row["sha256"]:
-                    row.update(subject=patch.subject, category=patch.category, catalog="matches the signed sha256",
-                               upstream_bug=patch.trailers.get("Upstream-Bug", ""),
-                               upstream_fix=patch.trailers.get("Upstream-Fix", ""), probes=list(patch.probes))
-                else:
-                    row["catalog"] = f"differs: the catalog's file has sha256 {patch.sha256[:16]}…"
-                    mismatched.append(row["file"])
-        elif path is not None:
-            row["catalog"] = "not in the catalog"
-            mismatched.append(row["file"])
-        by_patch = [c for c in probe_checks
-                    if row["id"] in (c.get("patches") or []) or c.get("id") in row["probes"]]
-        row["results"] = [{"id": c.get("id"), "status": c.get("status")} for c in by_patch]
+                row["source"] = ("no catalog given" if catalog is None else
+                                 "no catalog file has this sha256") + ": subject and trailers unknown"
+                counts["unknown"] += 1
+        trailers = row["trailers"]
+        row.update(category=trailers.get("Category", ""), upstream_bug=trailers.get("Upstream-Bug", ""),
+                   upstream_fix=trailers.get("Upstream-Fix", ""))
+        required = [p.strip() for p in trailers.get("Probe", "").split(",") if p.strip()] if trailers else None
+        row["probes"] = required or []
+        row["results"] = [{"id": c, "status": str((by_id.get(c) or {}).get("status") or "not in the report"),
+                           "message": str((by_id.get(c) or {}).get("message") or "")} for c in required or []]
+        if required is None:
+            row["proof"] = "unknown: its Probe trailer is neither signed nor in a catalog file with its sha256"
+            unproven.append(f"{row['id']}: which checks prove it is unknown")
+        elif not required:
+            row["proof"] = "unknown: its Probe trailer names no check"
+            unproven.append(f"{row['id']}: no probe check named")
+        else:
+            bad = [r for r in row["results"] if r["status"] in ("fail", "error")]
+            missing = [r for r in row["results"] if r["status"] != _PASSED and r not in bad]
+            if bad:
+                row["proof"] = "failed"
+                failed.append(f"{row['id']}: " + ", ".join(f"{r['id']} {r['status']}" for r in bad))
+            elif missing:
+                row["proof"] = "not proven"
+                unproven.append(f"{row['id']}: " + ", ".join(
+                    f"{r['id']} {r['status']}" + (f" ({r['message']})" if r["message"] else "") for r in missing))
+            else:
+                row["proof"] = "proven"
         rows.append(row)
-    if catalog is None:
-        check = Check("patch series", "skipped", "no catalog given: patch subjects and trailers not shown")
-    elif mismatched:
-        check = Check("patch series", "failed", "differs from the catalog: " + ", ".join(mismatched))
+    series = Check("patch series", "ok",
+                   f"{len(rows)} patches signed by file name and sha256; subject and trailers signed for "
+                   f"{counts['signed']}, matched by sha256 in the catalog for {counts['matched']}, unknown for "
+                   f"{counts['unknown']}")
+    if failed:
+        proofs = Check("patch proofs", "failed", "a patch's own probe check failed: " + "; ".join(failed))
+    elif unproven:
+        proofs = Check("patch proofs", "unproven",
+                       f"{len(unproven)} of {len(rows)} patches not proven by a passing probe check: "
+                       + "; ".join(unproven))
     else:
-        check = Check("patch series", "ok", f"{len(rows)} patches, each the catalog's file by sha256")
-    return rows, check
+        proofs = Check("patch proofs", "ok", f"every one of the {len(rows)} patches' Probe checks ran and passed")
+    return rows, series, proofs
+
+
+CVSS_BLOCKING = 7.0   # an advisory still in triage at this CVSS base score or above keeps the verdict from green
+
+
+def _score(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _vex_rows(doc: Any) -> list[dict[str, Any]]:
@@ -180,21 +326,73 @@ def _vex_rows(doc: Any) -> list[dict[str, Any]]:
         if not isinstance(v, dict):
             continue
         analysis = v.get("analysis") or {}
-        ratings = v.get("ratings") or [{}]
-        rating = ratings[0] if isinstance(ratings[0], dict) else {}
+        ratings = [r for r in v.get("ratings") or [] if isinstance(r, dict)]
+        scored = [(s, r) for r in ratings if (s := _score(r.get("score"))) is not None]
+        score, rating = max(scored, key=lambda sr: sr[0]) if scored else (None, ratings[0] if ratings else {})
         refs = [r.get("id") for r in v.get("references") or [] if isinstance(r, dict) and r.get("id")]
         rows.append({"id": v.get("id", ""), "aliases": refs, "state": analysis.get("state", ""),
                      "justification": analysis.get("justification", ""), "detail": analysis.get("detail", ""),
                      "response": ", ".join(analysis.get("response") or []),
-                     "severity": rating.get("severity", ""), "score": rating.get("score", ""),
-                     "description": (v.get("description") or "")[:300]})
+                     "severity": rating.get("severity", ""), "score": score,
+                     "method": rating.get("method", ""), "description": (v.get("description") or "")[:300]})
     return rows
+
+
+def _advisory_check(vex: list[dict[str, Any]] | None, vex_doc: Any) -> Check:
+    if vex is None:
+        return Check("advisories", "absent", "no VEX is signed with this evidence: no advisory state is stated")
+    made = ""
+    if isinstance(vex_doc, dict):
+        meta = vex_doc.get("metadata") or {}
+        sources = [str(p.get("value")) for p in meta.get("properties") or []
+                   if isinstance(p, dict) and p.get("name") == "patcher:advisories"]
+        made = f" (the signed VEX, made at certify {meta.get('timestamp', '?')} from {'; '.join(sources) or '?'})"
+    exploitable = [v["id"] for v in vex if v["state"] == "exploitable"]
+    open_high = [f"{v['id']} (CVSS {v['score']:g})" if v["score"] is not None else f"{v['id']} (no CVSS score)"
+                 for v in vex if v["state"] == "in_triage" and (v["score"] is None or v["score"] >= CVSS_BLOCKING)]
+    if exploitable:
+        return Check("advisories", "failed", f"{len(exploitable)} exploitable: {', '.join(exploitable)}{made}")
+    if open_high:
+        return Check("advisories", "open", f"{len(open_high)} in triage at CVSS >= {CVSS_BLOCKING:g} or unscored: "
+                     f"{', '.join(open_high)}{made}")
+    triage = sum(1 for v in vex if v["state"] == "in_triage")
+    return Check("advisories", "ok", f"{len(vex)} advisories: none exploitable, none in triage at CVSS >= "
+                 f"{CVSS_BLOCKING:g}" + (f" ({triage} in triage below it)" if triage else "") + made)
+
+
+def _where_probed(probe: dict[str, Any]) -> str:
+    """Where the probe ran, in the probe report's own words."""
+    env = probe.get("environment") or {}
+    py = env.get("python") or {}
+    plat = env.get("platform") or {}
+    facts = [f"Python {py.get('version') or probe.get('python') or '?'}",
+             f"torch {(env.get('torch') or {}).get('version') or probe.get('torch') or '?'}"]
+    if plat.get("system"):
+        facts.append(f"{plat['system']} {plat.get('machine', '')}".strip())
+    started = f" {probe['started']}" if probe.get("started") else ""
+    where = py.get("executable") or "an interpreter the probe report does not name"
+    return f"ran{started} with {where} ({', '.join(facts)})"
+
+
+def verdict_of(checks: list[Check]) -> str:
+    """The worst of the parts: failed (red) when anything failed, incomplete (amber) when anything is
+    not proven, verified (green) only when every check is ok."""
+    if any(c.status == "failed" for c in checks):
+        return "failed"
+    return "incomplete" if any(c.status != "ok" for c in checks) else "verified"
+
+
+VERDICT_RULE = ("The verdict is the worst of its parts: green only when the signature and every signed digest "
+                "check out, every patch's own probe checks ran and passed, no advisory is exploitable and none is "
+                f"in triage at CVSS {CVSS_BLOCKING:g} or above (or unscored); anything that failed makes it red, "
+                "anything not proven or not checked makes it amber.")
 
 
 def collect(target: Path, public_key: Path | None, catalog: Path | None) -> ReportData:
     """Read and check a wheel's evidence; every check's result is in ``checks`` (nothing raises on a
     failed check: a report of evidence that does not verify is the report an auditor needs most)."""
-    wheel = find_wheel(target)
+    located = locate(target)
+    wheel = located.wheel
     checks: list[Check] = []
     keyid = ""
     statement: dict[str, Any] | None = None
@@ -223,7 +421,8 @@ def collect(target: Path, public_key: Path | None, catalog: Path | None) -> Repo
         checks.append(Check("wheel", "ok" if actual == wheel_sha else "failed",
                             f"sha256 {actual}" + ("" if actual == wheel_sha else f", the statement says {wheel_sha}")))
     else:
-        checks.append(Check("wheel", "absent", f"not beside the evidence; the signed sha256 is {wheel_sha}"))
+        checks.append(Check("wheel", "absent", f"{located.gone}: its own sha256 is not checked (every other check "
+                            f"below is made from its signed evidence); the signed sha256 is {wheel_sha}"))
 
     sbom_path = _checked_file(wheel, _byproduct(predicate, "sbom"), "SBOM", checks)
     probe_path = _checked_file(wheel, _byproduct(predicate, "probe-report"), "probe report", checks)
@@ -235,16 +434,20 @@ def collect(target: Path, public_key: Path | None, catalog: Path | None) -> Repo
     probe = _read_json(probe_path, "probe report") if probe_path else None
     probe_checks = [c for c in (probe or {}).get("checks") or [] if isinstance(c, dict)]
     if probe is not None:
-        checks.append(Check("probe", "ok" if probe.get("passed") else "failed",
-                            "passed" if probe.get("passed") else "the probe report did not pass"))
+        where = _where_probed(probe)
+        checks.append(Check("probe", "ok" if probe.get("passed") is True else "failed",
+                            ("passed: " if probe.get("passed") is True else "the probe report did not pass: ") + where))
     sbom_doc = _read_json(sbom_path, "SBOM") if sbom_path else None
     summary = sbom.summarize(sbom_doc) if sbom_doc else None
-    vex = _vex_rows(_read_json(vex_path, "VEX")) if vex_path else None
+    vex_doc = _read_json(vex_path, "VEX") if vex_path else None
+    vex = _vex_rows(vex_doc) if vex_path else None
 
     spec = (bd.get("externalParameters") or {}).get("spec") or {}
     deps = [d for d in bd.get("resolvedDependencies") or [] if isinstance(d, dict)]
-    patches, series_check = _patch_rows(deps, catalog, str(spec.get("torch", "")), probe_checks)
-    checks.append(series_check)
+    patches, series_check, proofs_check = _patch_rows(deps, catalog, str(spec.get("torch", "")), probe_checks)
+    if probe is None:
+        proofs_check = Check("patch proofs", "failed", "no signed probe report could be read")
+    checks += [series_check, proofs_check, _advisory_check(vex, vex_doc)]
     source = next((d for d in deps if (d.get("annotations") or {}).get("kind") == "source"), {})
     internal = bd.get("internalParameters") or {}
     root_props = {}
@@ -263,24 +466,25 @@ def collect(target: Path, public_key: Path | None, catalog: Path | None) -> Repo
         ("signature, digests, patch series, probe", f"patcher verify {wheel.name} --key {key_hint}"),
         ("this page again", f"patcher report {wheel.name} --key {key_hint}"),
     ]
-    failed = [c for c in checks if c.status == "failed"]
-    verdict = "failed" if failed else ("incomplete" if any(c.status != "ok" for c in checks) else "verified")
     meta = (predicate.get("runDetails") or {}).get("metadata") or {}
     build = {"id": meta.get("invocationId", ""), "started": meta.get("startedOn", ""),
              "finished": meta.get("finishedOn", ""), "patcher": internal.get("patcherVersion", ""),
              "toolchain": internal.get("toolchain") or {}, "image_id": internal.get("imageId", ""),
              "dockerfile": internal.get("dockerfileSha256", ""), "settings": internal.get("settings") or {},
              "base_image": next((d for d in deps if (d.get("annotations") or {}).get("kind") == "base-image"), {})}
+    image_packages = [{"name": str(d.get("name", "")), "source": str((d.get("annotations") or {}).get("source", "")),
+                       "purl": str(d.get("uri", ""))}
+                      for d in deps if (d.get("annotations") or {}).get("kind") == "image-package"]
     return ReportData(
-        wheel=wheel.name, wheel_sha256=wheel_sha, verdict=verdict, checks=checks, keyid=keyid,
+        wheel=wheel.name, wheel_sha256=wheel_sha, verdict=verdict_of(checks), checks=checks, keyid=keyid,
         statement=statement, spec=spec, source=source,
         submodules=[d for d in deps if (d.get("annotations") or {}).get("kind") == "submodule"],
         overrides=[o for o in internal.get("trustOverrides") or [] if isinstance(o, dict)],
         patches=patches,
         inputs=[d for d in deps if (d.get("annotations") or {}).get("kind") in ("cuda", "cudnn", "input", "pip")],
-        image_packages=sum(1 for d in deps if (d.get("annotations") or {}).get("kind") == "image-package"),
+        image_packages=len(image_packages), image_package_list=image_packages,
         probe=probe, probe_checks=probe_checks, sbom_summary=summary, vex=vex, reproducibility=repro,
-        commands=commands, build=build)
+        commands=commands, build=build, wheel_gone=located.gone, rule=VERDICT_RULE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -343,6 +547,7 @@ class ReportResult:
     pdf: Path | None
     verdict: str
     checks: list[Check]
+    wheel_gone: str = ""
 
 
 def chromium_binary() -> str | None:
@@ -391,5 +596,11 @@ def write_report(target: Path, out: Path | None = None, pdf: bool = False, publi
     pdf_path = None
     if pdf:
         pdf_path = html_path.with_suffix(".pdf")
-        print_pdf(html_path, pdf_path)
-    return ReportResult(html=html_path, pdf=pdf_path, verdict=data.verdict, checks=data.checks)
+        partial = pdf_path.with_name(f".{pdf_path.name}.tmp")
+        try:
+            print_pdf(html_path, partial)
+            os.replace(partial, pdf_path)
+        finally:
+            partial.unlink(missing_ok=True)   # Chromium may leave a half-printed file behind
+    return ReportResult(html=html_path, pdf=pdf_path, verdict=data.verdict, checks=data.checks,
+                        wheel_gone=data.wheel_gone)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from patcher import report
-from tests.test_report import RECORDED, assert_self_contained
+from tests.test_report import RECORDED, assert_self_contained, recertify
 from tests.test_sbom_standin import standin_certified  # noqa: F401 - the session fixture
 
 
@@ -159,7 +159,7 @@ def check_pdf(pdf: Path, tmp_path: Path, facts: list[str]) -> int:
     return len(pages)
 
 
-GREEN, AMBER = (0x1A, 0x7F, 0x37), (0x9A, 0x67, 0x00)
+GREEN, AMBER, RED = (0x1A, 0x7F, 0x37), (0x9A, 0x67, 0x00), (0xCF, 0x22, 0x2E)
 
 
 def test_the_request_check_sees_what_a_page_asks_for(tmp_path):
@@ -174,12 +174,15 @@ def test_the_request_check_sees_what_a_page_asks_for(tmp_path):
 
 def test_certified_bundle_report_reads_right_in_chromium_and_as_pdf(certified_bundle, tmp_path):
     b = certified_bundle
+    recertify(b, tmp_path)   # every patch's own probe checks pass, no advisory open at CVSS >= 7: green
     result = report.write_report(b.wheel, out=tmp_path / "report.html", pdf=True, public_key=b.public_key,
                                  catalog=b.catalog)
-    facts = ["Signature verified.", b.wheel.name, "PT-0001", "max_pool2d_nhwc_large_c", "Verify it yourself",
-             "patcher verify"]
+    assert result.verdict == "verified", result.checks
+    facts = ["Signature verified.", b.wheel.name, "PT-0001", "maxpool2d.nhwc_large_channels", "Verify it yourself",
+             "patcher verify", "The verdict is the worst of its parts"]
     render_and_check(result.html, tmp_path, facts, GREEN)
     assert check_pdf(result.pdf, tmp_path, facts) >= 1
+    assert not list(result.pdf.parent.glob(".*.tmp"))        # the PDF was printed to a temp name, then moved
 
 
 @pytest.mark.docker
@@ -188,20 +191,34 @@ def test_standin_build_report_reads_right_in_chromium(standin_certified, tmp_pat
     s = standin_certified
     result = report.write_report(s.build_dir, pdf=True, public_key=s.public_key, catalog=s.catalog)
     assert result.html == s.wheel.with_name(s.wheel.name + report.REPORT_SUFFIX)
-    assert result.verdict == "verified", result.checks
-    facts = ["Signature verified.", s.wheel.name, s.record["wheel"]["sha256"], "PT-0090", "libstdc++.so.6",
-             "libstdc++6", "reproducible true", "third_party/dep"]
-    render_and_check(result.html, tmp_path, facts, GREEN)
-    check_pdf(result.pdf, tmp_path, ["Signature verified.", "PT-0090", "libstdc++.so.6"])
+    # verified evidence of a wheel that is not good: its probe report (make_probe_report) runs none of
+    # PT-0090's own checks, and it carries none of 1.4.0's security patches, so its VEX has exploitable ones
+    assert result.verdict == "failed", result.checks
+    status = {c.name: c.status for c in result.checks}
+    assert status["signature"] == status["wheel"] == status["SBOM"] == status["probe report"] == "ok"
+    assert status["patch proofs"] == "unproven" and status["advisories"] == "failed"
+    facts = ["this wheel FAILS a check", "CVE-2022-45907", s.wheel.name, s.record["wheel"]["sha256"], "PT-0090",
+             "libstdc++.so.6", "libstdc++6", "reproducible true", "third_party/dep", "Builder image scan",
+             f"names the builder image's {len(s.inventory.packages)} Debian packages"]
+    render_and_check(result.html, tmp_path, facts, RED)
+    check_pdf(result.pdf, tmp_path, ["this wheel FAILS a check", "PT-0090", "libstdc++.so.6"])
 
 
 def test_recorded_1131_report_is_committed_and_reads_right(tmp_path):
-    """evidence/runs/torch-1.13.1-cpu/report/: the page of the recorded build (made against the catalog of
-    the recording commit: `git archive 943eca0 patches`) and its first screen, as a reader sees them."""
+    """evidence/runs/torch-1.13.1-cpu/report/: the page of the recorded build, made by
+    `patcher report evidence/runs/torch-1.13.1-cpu --key .../signing-key.pub.pem` (the checkout's catalog:
+    the patches' subjects from its history, matched by the signed sha256), and its first screen."""
     committed = RECORDED.parent / "report" / "report.html"
     assert (RECORDED.parent / "report" / "first-screen.png").is_file()
-    text = render_and_check(committed, tmp_path, ["not everything could be checked", "PT-0101", "v1.13.1",
-                                                  "security.cve_2024_31580", "13 patches, each the catalog's file",
+    text = render_and_check(committed, tmp_path, ["not everything is proven", "PT-0101", "v1.13.1",
+                                                  "The wheel is not here.", "security.cve_2024_31580",
+                                                  "jit: parse type comments as type expressions, never run them",
+                                                  "matched by sha256 in the catalog for 13",
                                                   "2dd83d5fd0b91c075f8c0d5692e01ada016deed675ac56e4e8b33014cb21c87a"],
                             AMBER)
-    assert "NOT VERIFIED" not in text
+    assert "NOT VERIFIED" not in text and "unreadable" not in text
+    # the committed page is the one the report command makes today from the same signed evidence
+    root = RECORDED.parents[3]
+    fresh = report.write_report(RECORDED.parent, out=tmp_path / "fresh.html",
+                                public_key=RECORDED / "signing-key.pub.pem", catalog=root)
+    assert fresh.html.read_text().replace(f"{root}/", "") == committed.read_text()

@@ -28,7 +28,8 @@ def certify_cmd(record_path, probe_report, key_path, out_dir, allow_failed_probe
     """Write signed SLSA provenance (DSSE, in-toto) and a CycloneDX SBOM for a built wheel."""
     settings = load_settings(key_path=key_path)
     result = evidence.certify(record_path, probe_report, settings.key_path, out_dir=out_dir,
-                              allow_failed_probe=allow_failed_probe, advisories_file=settings.advisories)
+                              allow_failed_probe=allow_failed_probe, advisories_file=settings.advisories,
+                              catalog=settings.catalog)
     if as_json:
         echo_json(result.__dict__)
         return

@@ -23,19 +23,25 @@ from patcher.cli.common import echo_json, load_settings
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def report_cmd(target, out_path, pdf, key_path, catalog, as_json) -> None:
     """Write an auditor's report of a wheel's evidence: TARGET is a wheel, a build directory
-    (work/<build-id>/) or a folder holding one wheel's evidence.
+    (work/<build-id>/), a folder holding one wheel's evidence, or a folder with such a sub-folder
+    (a recorded run's evidence/; the wheel itself need not be there).
 
-    The page says on top whether the signature and every digest checked out; it is written
-    even when they did not (exit code 0 either way: read the verdict, or use `patcher verify`)."""
+    The verdict on top is the worst of its parts: the signature and every digest, each patch's own
+    probe checks, the advisories of the signed VEX. The page is written whatever the verdict (exit
+    code 0 either way: read the verdict, or use `patcher verify`)."""
     settings = load_settings(catalog=catalog, key_path=None)
     key = key_path
     if key is None and settings.key_path and Path(settings.key_path).is_file():
         key = Path(settings.key_path)
     result = report.write_report(target, out=out_path, pdf=pdf, public_key=key,
                                  catalog=Path(settings.catalog) if settings.catalog else None)
+    if result.wheel_gone:
+        # A recorded run keeps no wheel: say so once, and what the page is made from instead.
+        click.echo(f"patcher: note: {result.wheel_gone}: the page is made from its signed evidence there, every "
+                   "check but the wheel's own sha256; --catalog names the catalog the build used", err=True)
     if as_json:
         echo_json({"html": result.html, "pdf": result.pdf, "verdict": result.verdict,
-                   "checks": [c.__dict__ for c in result.checks]})
+                   "checks": [c.__dict__ for c in result.checks], "wheel_gone": result.wheel_gone})
         return
     click.echo(f"wrote {result.html}" + (f" and {result.pdf}" if result.pdf else ""))
     click.echo(f"  verdict    {result.verdict}")
