@@ -29,7 +29,7 @@ test: host install
 	$(BIN)/pytest -m 'not full_compile' $(PYTEST_ARGS)
 
 test-slow: host install
-	$(BIN)/pytest -m full_compile $(PYTEST_ARGS)
+	PATCHER_RECORD_COMPILE_CHECK=1 $(BIN)/pytest -m full_compile $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/pytest -m 'not docker and not slow' $(PYTEST_ARGS)
