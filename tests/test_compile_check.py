@@ -11,6 +11,7 @@ compiler's error shown.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import textwrap
 from pathlib import Path
