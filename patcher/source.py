@@ -8,7 +8,9 @@ How a fetch works:
 2. The tag is fetched into a bare cache, ``<cache_dir>/git/ORG/REPO.git``, under
    ``refs/patcher/tags/<tag>`` (forced, so a moved tag is seen, not refused by git).  Objects
    already in the cache are never transferred again: a second fetch of the same or another
-   version only negotiates.
+   version only negotiates.  A shallow mirror (each pinned commit without its history) works
+   the same: the cache records the shallow roots (``--update-shallow``), and trees are copied
+   out of such a cache by fetching the one ref, since git never local-clones a shallow repository.
 3. The tag's commit must equal the pinned one (the matrix, or ``[overrides.tag_commits]``, which
    is recorded); otherwise TagMismatchError, since a moved tag is a supply-chain event.
 4. The tree is cloned from the cache as a local clone (objects hard-linked: no transfer, and the
@@ -77,6 +79,7 @@ from patcher.spec import BuildSpec, is_known
 
 F = TypeVar("F", bound=Callable[..., Any])
 MANIFEST_NAME = "source-manifest.json"
+PIN_REF_PREFIX = "refs/patcher/commits/"  # in a cache: one ref per submodule commit fetched by SHA
 TREE_HASH_VERSION = b"patcher-tree-v1\n"
 MIRROR_HINT = ("point the git mirror at a copy that has it: --git-mirror, PATCHER_GIT_MIRROR, "
                "or `git_mirror` / `mirror` in the config file")
@@ -245,8 +248,10 @@ def _fetch_tag(cache: Path, url: str, tag: str) -> str:
     """Fetch ``tag`` from ``url`` into the cache; return the commit it points at."""
     ref = f"refs/patcher/tags/{tag}"
     try:
-        run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, f"+refs/tags/{tag}:{ref}",
-                cwd=cache)
+        # --update-shallow: from a shallow mirror git would take the objects but silently refuse
+        # the ref (its commit is a shallow root); the cache records the roots instead
+        run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow", url,
+                f"+refs/tags/{tag}:{ref}", cwd=cache)
     except GitCommandFailed as exc:
         if "couldn't find remote ref" in exc.stderr:
             raise FetchError(f"tag {tag} does not exist in {url}",
@@ -264,7 +269,10 @@ def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
     """Make sure ``sha`` is in the cache; a commit already there is not fetched again."""
     if has_commit(cache, sha):
         return
-    first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, sha, cwd=cache, check=False)
+    # under a ref of its own: reachable (gc keeps it, a clone from the cache carries it) and,
+    # with --update-shallow, recorded as a shallow root when the mirror is shallow
+    first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow", url,
+                    f"+{sha}:{PIN_REF_PREFIX}{sha}", cwd=cache, check=False)
     if first.returncode == 0 and has_commit(cache, sha):
         return
     # Servers that refuse a want by SHA: is it reachable at all, and under any branch or tag?
@@ -272,7 +280,7 @@ def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
     if reach.returncode != 0:
         raise SubmoduleError(f"{what}: cannot read {url}: {last_line(reach.stderr)}", hint=MIRROR_HINT)
     org, repo = org_repo(url)
-    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url,
+    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow", url,
             f"+refs/heads/*:refs/patcher/remotes/{org}/{repo}/heads/*",
             f"+refs/tags/*:refs/patcher/remotes/{org}/{repo}/tags/*", cwd=cache, check=False)
     if not has_commit(cache, sha):
@@ -345,6 +353,12 @@ def _checkout_submodules(settings: Settings, repo_dir: Path, commit: str, parent
         upstream = resolve_relative(record.url, parent_upstream)
         cache = cache_repo(settings, upstream)
         try:
+            if is_shallow(cache):
+                # git clones a shallow repository through its transport, asking only for
+                # branches (the cache has none): give `submodule update` its module directory
+                # ready, holding the pinned commit, and it checks out from there
+                gitdir = Path(run_git("rev-parse", "--absolute-git-dir", cwd=repo_dir).stdout.strip())
+                _copy_from_shallow_cache(cache, gitdir / "modules" / name, f"{PIN_REF_PREFIX}{record.commit}")
             run_git("config", f"submodule.{name}.url", str(cache), cwd=repo_dir)
             run_git("submodule", "update", "-q", "--init", "--", path, cwd=repo_dir)
             run_git("config", f"submodule.{name}.url", record.fetched_from, cwd=repo_dir)
@@ -526,9 +540,36 @@ def _fetch_into(spec: BuildSpec, settings: Settings, cache: Path, source: str,
     return result
 
 
+def is_shallow(repo: Path) -> bool:
+    """Whether ``repo`` has commits whose parents it lacks (fetched from a shallow mirror)."""
+    return run_git("rev-parse", "--is-shallow-repository", cwd=repo).stdout.strip() == "true"
+
+
+def _copy_from_shallow_cache(cache: Path, gitdir: Path, ref: str) -> None:
+    """A repository at ``gitdir`` (a git directory, no work tree) holding ``ref`` of a shallow cache.
+
+    A local clone hard-links the cache's objects, but git never clones a shallow repository
+    that way: it falls back to its transport and asks for branches only.  So the one ref is
+    fetched (a pack of that commit's objects, no history to send) with its shallow roots."""
+    gitdir.parent.mkdir(parents=True, exist_ok=True)
+    run_git("init", "-q", "--bare", str(gitdir))
+    run_git("config", "core.bare", "false", cwd=gitdir)
+    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow", str(cache),
+            f"+{ref}:{ref}", cwd=gitdir)
+    run_git("remote", "add", "origin", str(cache), cwd=gitdir)
+
+
+def _clone_cache(cache: Path, tmp: Path, tag: str) -> None:
+    """``tmp`` becomes a repository with the cache's objects (no checkout), remote ``origin``."""
+    if not is_shallow(cache):
+        run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+        return
+    _copy_from_shallow_cache(cache, tmp / ".git", f"refs/patcher/tags/{tag}")
+
+
 def _checkout_from_git(spec: BuildSpec, cache: Path, tmp: Path) -> None:
     try:
-        run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+        _clone_cache(cache, tmp, spec.tag)
         run_git("checkout", "-q", "--detach", spec.commit, cwd=tmp)
     except GitCommandFailed as exc:
         raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
@@ -614,7 +655,7 @@ def _fetch_from_kept(spec: BuildSpec, settings: Settings, cache: Path, source: s
 
     def populate(tmp: Path) -> None:
         try:
-            run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+            _clone_cache(cache, tmp, spec.tag)
             run_git("update-ref", "--no-deref", "-m", f"checkout: moving to {spec.commit}", "HEAD",
                     spec.commit, cwd=tmp)
             run_git("config", "core.trustctime", "false", cwd=tmp)
