@@ -28,7 +28,6 @@ REFUSED_URLS = {
     "ftp://example.invalid/org/app.git": "scheme ftp://",
     "https://example.invalid/org/app.git\nurl=x": "control character",
     "https://ex\x7fample.invalid/a/b.git": "control character",
-    "relative/path/app.git": "not one patcher accepts",
     "host:org/app.git": "not one patcher accepts",
     "https:///org/app.git": "no usable host",
     "ssh://-oProxyCommand=x/org/app.git": "no usable host",
@@ -37,7 +36,8 @@ REFUSED_URLS = {
 }
 ACCEPTED_URLS = ["file:///srv/git", "https://git.example.invalid/mirror", "http://10.0.0.1:8080/git",
                  "ssh://git@git.example.invalid/org/app.git", "git@git.example.invalid:org/app.git",
-                 "/srv/git/org/app.git", "file:///srv/my git/org/app.git"]
+                 "/srv/git/org/app.git", "file:///srv/my git/org/app.git",
+                 "site/git", "./site/git"]
 
 
 @pytest.mark.parametrize("value", sorted(REFUSED_URLS))
