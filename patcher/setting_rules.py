@@ -98,9 +98,12 @@ def _type_name(value: object) -> str:
             dict: "a table"}.get(type(value), type(value).__name__)
 
 
-def location(setting: str, origin: Origin, value: object) -> str:
-    """A mirror or index: an absolute host path or a URL with a scheme this kind of input may use."""
+def location(setting: str, origin: Origin, value: object, relative_ok: bool = False) -> str:
+    """A mirror or index: an absolute host path or a URL with a scheme this kind of input may use.
+    With ``relative_ok`` (a folder named on the command line) a relative path is made absolute."""
     text = _as_text(setting, origin, value, MAX_URL_LENGTH)
+    if relative_ok and "://" not in text and not text.startswith(("/", "-")):
+        text = os.path.abspath(text)
     schemes = _SCHEMES_FOR[setting]
     allowed = ", ".join(f"{s}://" for s in schemes) + " or an absolute path"
     if text.startswith("-"):

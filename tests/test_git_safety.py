@@ -12,6 +12,7 @@ import pytest
 from patcher import gitrun, source
 from patcher.config import DEFAULT_MATRIX
 from patcher.errors import (
+    InvalidSettingError,
     RemoteURLError,
     SubmodulePathError,
     SubmoduleURLError,
@@ -104,7 +105,9 @@ def test_hostile_mirror_setting_through_the_cli(tmp_path, patcher_cli, how):
         done = patcher_cli(*args, f"--git-mirror={value}")
     else:
         done = patcher_cli(*args, env={"PATCHER_GIT_MIRROR": value})
-    assert done.exit_code == RemoteURLError.exit_code, done.stderr
+    # the edge refuses it as a setting (19) before the git runner would (25, the API test above)
+    assert done.exit_code == InvalidSettingError.exit_code, done.stderr
+    assert "setting git_mirror" in done.stderr
     assert done.stderr.startswith("patcher: error: ") and done.stderr.count("\n") == 1
     assert "Traceback" not in done.stderr
     assert not marker.exists() and not (tmp_path / "out").exists()

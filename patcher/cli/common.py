@@ -49,11 +49,13 @@ class Checked(click.ParamType):
         return self.rule(self.setting or flag.lstrip("-").replace("-", "_"), Origin("flag", flag), value)
 
 
-def _mirror_location(kind: str) -> Callable[[str, Origin, object], str]:
-    return lambda _name, origin, value: rules.location(kind, origin, value)
+def _mirror_location(kind: str, relative_ok: bool = False) -> Callable[[str, Origin, object], str]:
+    return lambda _name, origin, value: rules.location(kind, origin, value, relative_ok=relative_ok)
 
 
 GIT_LOCATION = Checked(_mirror_location("git_mirror"), name="url")
+# `mirror sync/plan --from DIR`: a folder on this host may be named relative to the current one
+GIT_SOURCE = Checked(_mirror_location("git_mirror", relative_ok=True), name="dir-or-url")
 MIRROR_LOCATION = Checked(_mirror_location("mirror"), name="url")
 DEBIAN_LOCATION = Checked(_mirror_location("debian_mirror"), name="url")
 REGISTRY = Checked(rules.registry, setting="registry", name="registry")

@@ -8,7 +8,7 @@ import click
 
 from patcher import mirror as mirror_mod
 from patcher.cli import cli
-from patcher.cli.common import GIT_LOCATION, REGISTRY, echo_json, load_settings, table
+from patcher.cli.common import GIT_SOURCE, REGISTRY, echo_json, load_settings, table
 from patcher.spec import resolve
 
 _torch = click.option("--torch", "torch_version", required=True, help="torch version from the matrix.")
@@ -43,7 +43,7 @@ def mirror_group():
 @_torch
 @_cuda
 @_python
-@click.option("--from", "source", type=GIT_LOCATION, help="Read the git trees from this mirror (DIR or URL) instead of the configured locations.")
+@click.option("--from", "source", type=GIT_SOURCE, help="Read the git trees from this mirror (DIR or URL) instead of the configured locations.")
 @_json
 def plan_cmd(torch_version, cuda, python_version, source, as_json):
     """List every external input of one build with its pin."""
@@ -65,7 +65,7 @@ def plan_cmd(torch_version, cuda, python_version, source, as_json):
 @_python
 @click.option("--to", "dest", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="The mirror directory to fill (created when missing).")
-@click.option("--from", "source", type=GIT_LOCATION, help="Fetch from this mirror (DIR or URL) instead of the upstream locations.")
+@click.option("--from", "source", type=GIT_SOURCE, help="Fetch from this mirror (DIR or URL) instead of the upstream locations.")
 @click.option("--registry", type=REGISTRY, help="Also push the pinned image to this registry (host[:port]), digest unchanged.")
 @click.option("--shallow", is_flag=True,
               help="Git repositories hold the pinned commits only, without history (a fraction of the size).")
