@@ -36,6 +36,7 @@ _SCHEMES_FOR = {
     "debian_mirror": ("file", "http", "https"),
 }
 _DOCKER_HOST_SCHEMES = ("unix", "tcp", "ssh")
+_SCP_STYLE = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:[^:]")
 _HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST = rf"(?:{_HOST_LABEL}(?:\.{_HOST_LABEL})*|\[[0-9A-Fa-f:.]+\])"
 _REGISTRY = re.compile(rf"{_HOST}(?::(?P<port>[0-9]{{1,5}}))?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*")
@@ -113,6 +114,8 @@ def location(setting: str, origin: Origin, value: object, relative_ok: bool = Fa
         raise _refuse(setting, origin, value, f"must not contain {' '.join(repr(c) for c in bad)}"
                       " (percent-encode them in a URL)")
     if "://" not in text:
+        if setting == "git_mirror" and _SCP_STYLE.match(text):
+            return text  # git's ssh shorthand, user@host:path
         if not text.startswith("/"):
             raise _refuse(setting, origin, value, f"must be {allowed}")
         return text
