@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -190,20 +191,6 @@ def writable_dir(setting: str, origin: Origin, value: object) -> Path:
     return result
 
 
-def volume_name(setting: str, origin: Origin, value: object) -> str:
-    text = _as_text(setting, origin, value, 128)
-    if not _VOLUME_NAME.fullmatch(text):
-        raise _refuse(setting, origin, value, "must be a Docker volume name: [A-Za-z0-9][A-Za-z0-9_.-]*")
-    return text
-
-
-def image_ref(setting: str, origin: Origin, value: object) -> str:
-    text = _as_text(setting, origin, value, 512)
-    if not _IMAGE_REF.fullmatch(text):
-        raise _refuse(setting, origin, value, "must be an image reference [REGISTRY/]NAME[:TAG][@sha256:DIGEST]")
-    return text
-
-
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+:*,/=-]*")
 
 
@@ -237,21 +224,22 @@ def url(setting: str, origin: Origin, value: object) -> str:
     return text
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+Rule = Callable[[str, Origin, object], str]
 
 
-def env_name(setting: str, origin: Origin, value: object) -> str:
-    text = _as_text(setting, origin, value, 128)
-    if not _ENV_NAME.fullmatch(text):
-        raise _refuse(setting, origin, value, "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
-    return text
+def _matching(pattern: re.Pattern[str], limit: int, rule: str) -> Rule:
+    """A rule for a name that must match ``pattern`` as a whole (and be at most ``limit`` long)."""
+    def check(setting: str, origin: Origin, value: object) -> str:
+        text = _as_text(setting, origin, value, limit)
+        if not pattern.fullmatch(text):
+            raise _refuse(setting, origin, value, rule)
+        return text
+
+    return check
 
 
-_SUITE = re.compile(r"[a-z][a-z0-9-]{1,31}")
-
-
-def suite_name(setting: str, origin: Origin, value: object) -> str:
-    text = _as_text(setting, origin, value, 32)
-    if not _SUITE.fullmatch(text):
-        raise _refuse(setting, origin, value, "must be a Debian suite name such as bullseye")
-    return text
+volume_name = _matching(_VOLUME_NAME, 128, "must be a Docker volume name: [A-Za-z0-9][A-Za-z0-9_.-]*")
+image_ref = _matching(_IMAGE_REF, 512, "must be an image reference [REGISTRY/]NAME[:TAG][@sha256:DIGEST]")
+env_name = _matching(re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}"), 128,
+                     "must be an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+suite_name = _matching(re.compile(r"[a-z][a-z0-9-]{1,31}"), 32, "must be a Debian suite name such as bullseye")
