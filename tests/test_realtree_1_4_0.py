@@ -1,0 +1,162 @@
+"""torch 1.4.0, the main job's release, on its real tree: the v1.4.0 tag commit from the shallow git
+mirror of ../shared/sources/pytorch-git-mirror.tar (every repository at its pinned commits, depth 1).
+
+What is proven here: the tag is the matrix's pinned commit; every patch of the 1.4.0 series names,
+in its index line, the blob the real tree holds, and the series applies exactly (no fuzz, no
+offset), one commit per patch, through the real CLI; every source claim of the 1.4.0 advisory
+assessments holds on the tree; no advisory is left in triage for the main job's spec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from patcher import advisories, patches, spec
+from patcher.config import DEFAULT_CATALOG, Settings
+from patcher.source import tree_hash
+
+TORCH = "1.4.0"
+TAG_COMMIT = "7f73f1d591afba823daa4a99a939217fb54d7688"
+SERIES = ["PT-0001", "PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105", "PT-0110", "PT-0111"]
+# The unpacked mirror (.ci/fetch-sources.sh unpacks ../shared/sources/pytorch-git-mirror.tar);
+# laid out like a site's internal git mirror: <root>/pytorch/pytorch.git, ...
+GIT_MIRROR_ROOT = Path(os.environ.get("PATCHER_TEST_GIT_MIRROR_ROOT", "/var/cache/trees/git"))
+# advisories whose 1.4.0 state rests on claims about source (paths, text, build guards)
+TREE_CLAIMS = 53
+
+
+def git(cwd, *args) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@patcher.invalid",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@patcher.invalid")
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def v140_clone(tmp_path_factory) -> Path:
+    """One clone of the mirror's PyTorch repository at the v1.4.0 tag (no submodules: the series
+    touches none)."""
+    repo = GIT_MIRROR_ROOT / "pytorch" / "pytorch.git"
+    if not repo.is_dir():
+        pytest.fail(f"{repo} is missing: unpack ../shared/sources/pytorch-git-mirror.tar there "
+                    "(.ci/fetch-sources.sh)", pytrace=False)
+    dest = tmp_path_factory.mktemp("v1.4.0") / "pytorch"
+    git(dest.parent, "clone", "-q", "--no-checkout", repo.as_uri(), dest.name)
+    git(dest, "checkout", "-q", "--detach", "v1.4.0")
+    return dest
+
+
+@pytest.fixture
+def real_tree_1_4_0(v140_clone, tmp_path) -> Path:
+    """A fresh working tree of v1.4.0 for one test, which may commit freely."""
+    dest = tmp_path / "pytorch"
+    git(tmp_path, "clone", "-q", "--shared", "--no-checkout", str(v140_clone), dest.name)
+    git(dest, "checkout", "-q", "--detach", TAG_COMMIT)
+    return dest
+
+
+@pytest.mark.realtree
+def test_the_tag_is_the_matrix_pin(v140_clone):
+    assert git(v140_clone, "rev-parse", "v1.4.0^{commit}") == TAG_COMMIT
+    resolved = spec.resolve(Settings(), TORCH, cuda="10.1")
+    assert resolved.commit == TAG_COMMIT
+
+
+@pytest.mark.realtree
+def test_each_patch_is_made_against_the_real_tree(real_tree_1_4_0):
+    """In series order, the index line of every diff names the blob the tree holds at that point
+    (the tag, plus the earlier patches), and the patch applies with no fuzz and no offset."""
+    series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
+    assert series.ids == SERIES
+    for patch in series.patches:
+        text = Path(patch.path).read_text()
+        pairs = re.findall(r"^diff --git a/(\S+) b/\S+\nindex ([0-9a-f]{40})\.\.[0-9a-f]{40} 100644$", text, re.M)
+        assert pairs, patch.id
+        for rel, blob in pairs:
+            assert git(real_tree_1_4_0, "rev-parse", f"HEAD:{rel}") == blob, (patch.id, rel)
+        r = subprocess.run(["git", "apply", "--check", "--verbose", str(patch.path)], cwd=real_tree_1_4_0,
+                           capture_output=True, text=True)
+        assert r.returncode == 0, (patch.id, r.stderr)
+        assert "with fuzz" not in r.stderr and "offset" not in r.stderr, (patch.id, r.stderr)
+        git(real_tree_1_4_0, "am", "-q", str(patch.path))
+        assert patch.applies_to == f"=={TORCH}" and patch.upstream_tests, patch.id
+        # the message says where it was proven, not that the tree was out of reach
+        assert "7f73f1d5" in text and "not reachable" not in text, patch.id
+
+
+@pytest.mark.realtree
+def test_the_series_applies_exactly_one_commit_per_patch(real_tree_1_4_0, patcher_cli):
+    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", real_tree_1_4_0)
+    assert check.exit_code == 0, check.stderr
+    assert f"ok: all {len(SERIES)} patches of torch {TORCH} apply exactly" in check.stdout
+
+    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", real_tree_1_4_0, "--json")
+    assert applied.exit_code == 0, applied.stderr
+    result = patches.PatchedTree.from_json(json.loads(applied.stdout))
+    assert result.base == TAG_COMMIT and [p.id for p in result.patches] == SERIES
+    log = git(real_tree_1_4_0, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
+              f"{TAG_COMMIT}..HEAD").splitlines()
+    assert log == SERIES
+    assert result.tree_hash == tree_hash(real_tree_1_4_0)
+    assert git(real_tree_1_4_0, "status", "--porcelain") == ""
+    # what the backports changed is in the tree
+    mobile = (real_tree_1_4_0 / "torch/csrc/jit/mobile/interpreter.cpp").read_text()
+    assert mobile.count("checkTableIndex(") == 4  # the helper, OP, OPN, LOADC
+    vararg = (real_tree_1_4_0 / "torch/csrc/jit/vararg_functions.cpp").read_text()
+    assert vararg.count("checkInputCount(") == 4  # the helper, ListConstruct(Tensor), TupleUnpack, format
+    assert 'checkInputCount("TupleConstruct"' in (real_tree_1_4_0 / "torch/csrc/jit/mobile/function.cpp").read_text()
+
+
+@pytest.mark.realtree
+def test_the_advisories_source_claims_hold_on_the_real_tree(v140_clone):
+    results = advisories.check_tree(advisories.load(), TORCH, v140_clone)
+    failed = [f"{r.advisory}: {r.claim}: {r.why}" for r in results if not r.ok]
+    assert failed == []
+    assert len(results) == TREE_CLAIMS
+    # no 1.4.0 claim rests on a wheel any more
+    assert all(a.assess[TORCH].wheel is None for a in advisories.load().advisories if TORCH in a.assess)
+
+
+@pytest.mark.realtree
+def test_a_claim_that_the_tree_contradicts_fails(v140_clone, tmp_path):
+    """The check can fail: a site file claiming the RPC bindings absent is refuted by the tree."""
+    site = tmp_path / "site.toml"
+    site.write_text('schema = 1\n[assess."CVE-2024-48063"."1.4.0"]\nstate = "not_affected"\n'
+                    'justification = "code_not_present"\ndetail = "claimed absent"\nby = "test"\n'
+                    'absent = ["torch/csrc/distributed/rpc/init.cpp"]\n')
+    results = advisories.check_tree(advisories.load(site=site), TORCH, v140_clone)
+    wrong = [r for r in results if r.advisory == "CVE-2024-48063"]
+    assert [(r.ok, r.why) for r in wrong] == [(False, "present")]
+
+
+def test_no_advisory_is_in_triage_for_the_main_job(patcher_cli):
+    res = patcher_cli("advisories", "--torch", TORCH, "--cuda", "10.1", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    states = {row["id"]: row["state"] for row in data["advisories"]}
+    assert [i for i, s in states.items() if s == "in_triage"] == []
+    rows = {row["id"]: row for row in data["advisories"]}
+    for cve, patch_id in (("CVE-2024-31580", "PT-0104"), ("CVE-2024-31583", "PT-0105")):
+        assert (rows[cve]["state"], rows[cve]["patch"]) == ("resolved", patch_id), rows[cve]
+    # the RPC advisory follows the build flag: the official cu101 build has USE_DISTRIBUTED on
+    assert states["CVE-2024-48063"] == "exploitable"
+    assert states["CVE-2025-2148"] == "not_affected"
+
+
+@pytest.mark.realtree
+def test_the_one_kept_reference_file_is_the_tags_blob(v140_clone):
+    """patches/1.4.0/.reference keeps DilatedMaxPool2d.cu for PT-0001's GPU harness only (its README
+    says why); it is byte for byte the file of the real tag."""
+    reference = DEFAULT_CATALOG / "patches" / TORCH / ".reference"
+    kept = sorted(p.relative_to(reference).as_posix() for p in reference.rglob("*") if p.is_file())
+    rel = "aten/src/ATen/native/cuda/DilatedMaxPool2d.cu"
+    assert kept == ["README.md", rel]
+    real = subprocess.run(["git", "show", f"{TAG_COMMIT}:{rel}"], cwd=v140_clone, capture_output=True,
+                          check=True).stdout
+    assert (reference / rel).read_bytes() == real
