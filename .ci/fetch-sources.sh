@@ -24,3 +24,24 @@ fetch pool/main/p/pytorch/pytorch_1.13.1+dfsg.orig.tar.xz d0355588b8528566d477e6
 fetch pool/main/f/fmtlib/fmtlib_7.1.3+ds1.orig.tar.gz 56f46293763b9acbe362e66cebdd9b1299cfdfe66ac68009a3fc0364afc66cf4
 fetch pool/main/p/pytorch/pytorch_2.6.0+dfsg.orig.tar.xz 099a9601bc40d67656e75735c44abedb0fbe92d08817852ab7472eebb7e6ddff
 echo "sources in $DEST"
+
+# The real v1.4.0 / v1.7.1 / v1.8.1 trees: a shallow git mirror (every submodule commit too) that
+# the project keeps beside the checkouts (../shared/sources, its README says what it holds).
+# Unpacked once into $CACHE/pytorch-git-mirror/git/ORG/REPO.git; the sha256 it was unpacked
+# from is written last, so a half-unpacked copy is never taken for a finished one.
+GIT_MIRROR_TAR=${PATCHER_GIT_MIRROR_TAR:-$(dirname "$0")/../../shared/sources/pytorch-git-mirror.tar}
+GIT_MIRROR_SHA256=0ad18495d37d60c4a671dd2f952653e25bf0ab59f678de0e82142faa63f52e6b
+GIT_MIRROR_DEST="$CACHE/pytorch-git-mirror"
+if [ "$(cat "$GIT_MIRROR_DEST/UNPACKED-FROM" 2>/dev/null)" != "$GIT_MIRROR_SHA256" ]; then
+  echo "$GIT_MIRROR_SHA256  $GIT_MIRROR_TAR" | sha256sum -c --status \
+    || { echo "sha256 mismatch or missing: $GIT_MIRROR_TAR" >&2; exit 1; }
+  staging=$(mktemp -d "$CACHE/.pytorch-git-mirror.unpack-XXXXXX")
+  trap 'rm -rf "$staging"' EXIT
+  chmod 755 "$staging"
+  tar -xf "$GIT_MIRROR_TAR" -C "$staging"
+  echo "$GIT_MIRROR_SHA256" > "$staging/UNPACKED-FROM"
+  rm -rf "$GIT_MIRROR_DEST"
+  mv "$staging" "$GIT_MIRROR_DEST"
+  trap - EXIT
+fi
+echo "git mirror in $GIT_MIRROR_DEST/git"

@@ -199,16 +199,16 @@ def stage_resolve(b: Build) -> tuple[None, str]:
 
 
 def stage_fetch(b: Build) -> tuple[FetchOutcome, str]:
-    from patcher import source
+    from patcher import gitrun, source
     from patcher.inputs import fetch_input, input_content, input_url
 
     spec, tree_dir = b.spec, b.workdir.tree
     if tree_dir.exists():  # left by a fetch that did not complete: start it again
         shutil.rmtree(tree_dir)
-    b.progress.log(f"fetching {spec.tag} ({spec.commit}) from {source.mirror_url(spec.repo, b.settings.git_base())}\n")
+    b.progress.log(f"fetching {spec.tag} ({spec.commit}) from {gitrun.mirror_url(spec.repo, b.settings.git_base())}\n")
     with _env_overlay(GIT_STALL_ENV):
         tree = source.fetch(spec, b.settings, tree_dir)
-    epoch = int(source.run_git("log", "-1", "--format=%ct", spec.commit, cwd=tree_dir).stdout.strip())
+    epoch = int(gitrun.run_git("log", "-1", "--format=%ct", spec.commit, cwd=tree_dir).stdout.strip())
     inputs = []
     for art in spec.inputs:
         b.progress.log(f"input {art.name} ({art.sha256}) from {input_url(art, b.settings)}\n")

@@ -676,8 +676,9 @@ class CompileCheck:
         from patcher import patches as patches_mod
         from patcher.buildenv import BUILD_USER, container_environment, source_archive
         from patcher.container import Container, ContainerConfig, ContainerError, Engine
+        from patcher.gitrun import run_git
         from patcher.inputs import tree_inputs
-        from patcher.source import run_git, tracked_files
+        from patcher.source import tracked_files
 
         started = time.monotonic()
         spec, cuda_spec = self._specs()

@@ -91,6 +91,25 @@ class ChecksumMismatchError(FetchError):
     exit_code = 24
 
 
+class RemoteURLError(FetchError):
+    """A git URL (a mirror setting, an upstream) patcher will not hand to git: a scheme or
+    transport outside file/https/http/ssh, a leading '-', a control character."""
+
+    exit_code = 25
+
+
+class SubmoduleURLError(FetchError):
+    """A tree's .gitmodules names a submodule URL that RemoteURLError's rules refuse."""
+
+    exit_code = 26
+
+
+class SubmodulePathError(FetchError):
+    """A tree's .gitmodules names a submodule path outside the tree (absolute, or with '..')."""
+
+    exit_code = 27
+
+
 # --- patches (3x) -------------------------------------------------------------------------
 class PatchFormatError(PatcherError):
     exit_code = 30

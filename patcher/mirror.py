@@ -69,9 +69,9 @@ from patcher.errors import (
     UnpinnedInputError,
     UnreachableInputError,
 )
-from patcher.source import (
+from patcher.gitrun import (
     GitCommandFailed,
-    cache_repo,
+    check_gitmodules,
     gitlinks,
     gitmodules,
     has_commit,
@@ -81,6 +81,7 @@ from patcher.source import (
     resolve_relative,
     run_git,
 )
+from patcher.source import cache_repo, cached_tag_ref
 from patcher.spec import BuildSpec, is_known
 from patcher.util import sha256_file, write_atomic
 
@@ -240,7 +241,7 @@ def _fetch(repo: Path, url: str, refspecs: list[str], what: str) -> int:
     try:
         run_git("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1", "-c", "gc.auto=0",
              "-c", "maintenance.auto=false", "fetch", "-q", "--no-tags", "--no-write-fetch-head",
-             url, *refspecs, cwd=repo)
+             "--update-shallow", operands=(url, *refspecs), cwd=repo)
     except GitCommandFailed as exc:
         stderr = exc.stderr
         if "couldn't find remote ref" in stderr or "not our ref" in stderr or "no such remote ref" in stderr:
@@ -340,6 +341,7 @@ class _GitWalk:
         links = gitlinks(repo, parent.commit)
         if not links:
             return
+        check_gitmodules(repo, parent.commit, parent.upstream, f"{parent.path}/" if parent.path else "")
         urls = gitmodules_urls(repo, parent.commit)
         prefix = f"{parent.path}/" if parent.path else ""
         for path, sha in sorted(links.items()):
@@ -381,7 +383,7 @@ class _GitWalk:
 
     def _tags_at(self, repo: Path, source: str, pin: GitPin) -> int:
         """The source's tags that name this commit (cheap: their objects are already here)."""
-        listing = run_git("ls-remote", "--tags", source, cwd=repo, check=False)
+        listing = run_git("ls-remote", "--tags", operands=(source,), cwd=repo, check=False)
         if listing.returncode != 0:
             return 0
         tags = set()
@@ -485,7 +487,7 @@ def plan(spec: BuildSpec, settings: Settings) -> MirrorPlan:
                                  hint=f'pin it in the matrix or in [overrides.tag_commits] "{spec.torch}"')
     walk = _GitWalk(repo_for=lambda up: cache_repo(settings, up),
                     fetch_from=lambda up: mirror_url(up, settings.git_base()),
-                    tag_ref=lambda tag: f"refs/patcher/tags/{tag}")
+                    tag_ref=lambda tag: cached_tag_ref(mirror_url(spec.repo, settings.git_base()), tag))
     return _build_plan(spec, settings, walk.top(spec))
 
 

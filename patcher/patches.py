@@ -34,7 +34,6 @@ import functools
 import hashlib
 import os
 import re
-import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,7 +51,8 @@ from patcher.errors import (
     PatchFormatError,
     PatchNotFoundError,
 )
-from patcher.source import _GIT_CONFIG, GitCommandFailed, last_line, reports_failures_as, run_git, tree_hash
+from patcher.gitrun import GitCommandFailed, last_line, reports_failures_as, run_git
+from patcher.source import tree_hash
 
 TRAILERS = ("Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe", "Upstream-Tests")
 CATEGORIES = ("bugfix", "security", "determinism", "build")
@@ -946,10 +946,9 @@ def _refuse_what_git_would_see(patch: Patch, tree: Path) -> None:
         if split.returncode != 0 or len(messages) != 1:
             raise _refused(patch, "(the mbox)", f"git am would read {len(messages)} messages from it, not one")
         with open(messages[0], "rb") as mail:
-            info = subprocess.run(["git", *_GIT_CONFIG, "mailinfo", str(work / "msg"), str(work / "patch")],
-                                  stdin=mail, cwd=tree, capture_output=True)
+            info = run_git("mailinfo", str(work / "msg"), str(work / "patch"), stdin=mail, cwd=tree, check=False)
         if info.returncode != 0:
-            raise _refused(patch, "(the mbox)", f"git mailinfo cannot read it: {last_line(info.stderr.decode())}")
+            raise _refused(patch, "(the mbox)", f"git mailinfo cannot read it: {last_line(info.stderr)}")
         seen = (work / "patch").read_bytes().decode("utf-8", "surrogateescape")
         text = patch.text
         head_end = text.find("\n\n") + 2

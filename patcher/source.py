@@ -6,9 +6,13 @@ How a fetch works:
    one is set (``--git-mirror``, ``PATCHER_GIT_MIRROR``, ``git_mirror`` or ``mirror`` in the
    config): ``https://github.com/ORG/REPO.git`` -> ``<git_mirror>/ORG/REPO.git``.
 2. The tag is fetched into a bare cache, ``<cache_dir>/git/ORG/REPO.git``, under
-   ``refs/patcher/tags/<tag>`` (forced, so a moved tag is seen, not refused by git).  Objects
+   ``refs/patcher/sources/<key of the source URL>/tags/<tag>`` (forced, so a moved tag is seen,
+   not refused by git; one ref per source, so a tag cached from one mirror is never reported
+   as what another mirror holds).  Objects
    already in the cache are never transferred again: a second fetch of the same or another
-   version only negotiates.
+   version only negotiates.  A shallow mirror (each pinned commit without its history) works
+   the same: the cache records the shallow roots (``--update-shallow``), and trees are copied
+   out of such a cache by fetching the one ref, since git never local-clones a shallow repository.
 3. The tag's commit must equal the pinned one (the matrix, or ``[overrides.tag_commits]``, which
    is recorded); otherwise TagMismatchError, since a moved tag is a supply-chain event.
 4. The tree is cloned from the cache as a local clone (objects hard-linked: no transfer, and the
@@ -48,45 +52,48 @@ files (the manifest, build outputs) are not part of it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
-from urllib.parse import urlsplit
-
-from git.cmd import Git
+from typing import Any, Callable
 
 from patcher.config import Settings
 from patcher.errors import (
     FetchError,
-    PatcherError,
     SubmoduleError,
     TagMismatchError,
     UnpinnedInputError,
     UnreachableInputError,
 )
+from patcher.gitrun import (
+    GitCommandFailed,
+    check_gitmodules,
+    gitlinks,
+    gitmodules,
+    has_commit,
+    is_shallow,
+    last_line,
+    mirror_url,
+    org_repo,
+    reports_failures_as,
+    resolve_relative,
+    run_git,
+    source_key,
+)
 from patcher.spec import BuildSpec, is_known
 
-F = TypeVar("F", bound=Callable[..., Any])
 MANIFEST_NAME = "source-manifest.json"
+PIN_REF_PREFIX = "refs/patcher/commits/"  # in a cache: one ref per submodule commit fetched by SHA
 TREE_HASH_VERSION = b"patcher-tree-v1\n"
 MIRROR_HINT = ("point the git mirror at a copy that has it: --git-mirror, PATCHER_GIT_MIRROR, "
                "or `git_mirror` / `mirror` in the config file")
 
-# Our own git runs must not depend on the user's git config (hooks, autocrlf, signing).
-_GIT_CONFIG = ("-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null",
-               "-c", "protocol.file.allow=always", "-c", "advice.detachedHead=false",
-               "-c", "commit.gpgsign=false", "-c", "tag.gpgsign=false",
-               # git am must apply and record patches exactly as written
-               "-c", "apply.whitespace=nowarn", "-c", "am.messageid=false")
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,99 +133,7 @@ def _submodule_from_json(data: dict[str, Any]) -> SubmoduleRecord:
     return SubmoduleRecord(**data)
 
 
-# --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GitResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            check: bool = True) -> GitResult:
-    """git (through GitPython) with our fixed config; raises GitCommandFailed when ``check``."""
-    extra = {"GIT_TERMINAL_PROMPT": "0"}
-    extra.update(env or {})
-    status, out, err = Git(str(cwd) if cwd else None).execute(
-        ["git", *_GIT_CONFIG, *args], with_extended_output=True, with_exceptions=False,
-        env=extra, strip_newline_in_stdout=False)
-    if check and status != 0:
-        raise GitCommandFailed(args, err)
-    return GitResult(status, out, err)
-
-
-class GitCommandFailed(Exception):
-    """A git command failed; callers turn it into a PatcherError that says what it was for."""
-
-    def __init__(self, args: tuple[str, ...], stderr: str):
-        super().__init__(f"git {' '.join(args)}: {last_line(stderr)}")
-        self.stderr = stderr
-
-
-def reports_failures_as(error: type[PatcherError], what: str) -> Callable[[F], F]:
-    """Decorator for a stage's entry points: an unexpected git or OS failure becomes ``error``."""
-
-    def wrap(func: F) -> F:
-        @functools.wraps(func)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except GitCommandFailed as exc:
-                raise error(f"{what}: {exc}") from None
-            except OSError as exc:
-                where = f" {exc.filename}" if exc.filename else ""
-                raise error(f"{what}: {exc.strerror or exc}{where}") from None
-
-        return inner  # type: ignore[return-value]
-
-    return wrap
-
-
-def last_line(text: str) -> str:
-    """The most telling line of git's stderr (its 'fatal:' line when there is one)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    fatal = [ln for ln in lines if ln.startswith(("fatal:", "error:"))]
-    return (fatal or lines or ["(no message)"])[0]
-
-
-# --- URLs ------------------------------------------------------------------------------------
-def org_repo(url: str) -> tuple[str, str]:
-    """'https://github.com/pytorch/pytorch.git' -> ('pytorch', 'pytorch'); scp-style too."""
-    url = url.strip().rstrip("/")
-    if re.match(r"^[a-z][a-z0-9+.-]*://", url):
-        path = urlsplit(url).path
-    else:
-        path = re.sub(r"^[^/:]+@[^:]+:", "", url)  # git@github.com:ORG/REPO.git
-    parts = [p for p in path.split("/") if p]
-    if len(parts) < 2:
-        raise FetchError(f"cannot tell organisation and repository from URL {url!r}")
-    repo = parts[-1][:-4] if parts[-1].endswith(".git") else parts[-1]
-    return parts[-2], repo
-
-
-def resolve_relative(url: str, parent_upstream: str) -> str:
-    """A .gitmodules URL like '../fmt.git' is relative to the parent's upstream URL."""
-    if not url.startswith(("./", "../")):
-        return url
-    base = parent_upstream.rstrip("/")
-    rest = url
-    while rest.startswith(("./", "../")):
-        if rest.startswith("./"):
-            rest = rest[2:]
-        else:
-            rest = rest[3:]
-            base = base.rsplit("/", 1)[0]
-    return f"{base}/{rest}"
-
-
-def mirror_url(upstream: str, git_base: str | None) -> str:
-    """Where to fetch an upstream repository from: ``<git_base>/ORG/REPO.git`` or upstream."""
-    if not git_base:
-        return upstream
-    org, repo = org_repo(upstream)
-    return f"{git_base.rstrip('/')}/{org}/{repo}.git"
-
-
+# --- the object cache ----------------------------------------------------------------------
 def cache_repo(settings: Settings, upstream: str) -> Path:
     """The bare cache of one upstream repository, created on first use."""
     org, repo = org_repo(upstream)
@@ -241,73 +156,56 @@ def cache_repo(settings: Settings, upstream: str) -> Path:
 
 
 # --- fetching into the cache -----------------------------------------------------------------
+def cached_tag_ref(source: str, tag: str) -> str:
+    """Where the cache keeps ``tag`` as fetched from ``source``: a ref per source, so a tag one
+    mirror gave is never read back as what another mirror holds."""
+    return f"refs/patcher/sources/{source_key(source)}/tags/{tag}"
+
+
 def _fetch_tag(cache: Path, url: str, tag: str) -> str:
     """Fetch ``tag`` from ``url`` into the cache; return the commit it points at."""
-    ref = f"refs/patcher/tags/{tag}"
+    ref = cached_tag_ref(url, tag)
     try:
-        run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, f"+refs/tags/{tag}:{ref}",
-                cwd=cache)
+        # --update-shallow: from a shallow mirror git would take the objects but silently refuse
+        # the ref (its commit is a shallow root); the cache records the roots instead
+        run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow",
+                operands=(url, f"+refs/tags/{tag}:{ref}"), cwd=cache)
     except GitCommandFailed as exc:
         if "couldn't find remote ref" in exc.stderr:
             raise FetchError(f"tag {tag} does not exist in {url}",
                              hint="check --torch, or the mirror's copy of the repository") from None
         raise UnreachableInputError(f"cannot fetch tag {tag} from {url}: {last_line(exc.stderr)}",
                                     hint=MIRROR_HINT) from None
-    return run_git("rev-parse", f"{ref}^{{commit}}", cwd=cache).stdout.strip()
-
-
-def has_commit(cache: Path, sha: str) -> bool:
-    return run_git("cat-file", "-e", f"{sha}^{{commit}}", cwd=cache, check=False).returncode == 0
+    found = run_git("rev-parse", "-q", "--verify", f"{ref}^{{commit}}", cwd=cache, check=False).stdout.strip()
+    if not found:  # git took the objects but not the ref
+        raise UnreachableInputError(f"tag {tag} was not received from {url}", hint=MIRROR_HINT)
+    return found
 
 
 def _fetch_commit(cache: Path, url: str, sha: str, what: str) -> None:
     """Make sure ``sha`` is in the cache; a commit already there is not fetched again."""
     if has_commit(cache, sha):
         return
-    first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url, sha, cwd=cache, check=False)
+    # under a ref of its own: reachable (gc keeps it, a clone from the cache carries it) and,
+    # with --update-shallow, recorded as a shallow root when the mirror is shallow
+    first = run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow",
+                    operands=(url, f"+{sha}:{PIN_REF_PREFIX}{sha}"), cwd=cache, check=False)
     if first.returncode == 0 and has_commit(cache, sha):
         return
     # Servers that refuse a want by SHA: is it reachable at all, and under any branch or tag?
-    reach = run_git("ls-remote", "--heads", url, cwd=cache, check=False)
+    reach = run_git("ls-remote", "--heads", operands=(url,), cwd=cache, check=False)
     if reach.returncode != 0:
         raise SubmoduleError(f"{what}: cannot read {url}: {last_line(reach.stderr)}", hint=MIRROR_HINT)
     org, repo = org_repo(url)
-    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", url,
-            f"+refs/heads/*:refs/patcher/remotes/{org}/{repo}/heads/*",
-            f"+refs/tags/*:refs/patcher/remotes/{org}/{repo}/tags/*", cwd=cache, check=False)
+    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow",
+            operands=(url, f"+refs/heads/*:refs/patcher/remotes/{org}/{repo}/heads/*",
+                      f"+refs/tags/*:refs/patcher/remotes/{org}/{repo}/tags/*"), cwd=cache, check=False)
     if not has_commit(cache, sha):
         raise SubmoduleError(f"{what}: commit {sha} is not in {url} ({last_line(first.stderr)})",
                              hint=MIRROR_HINT)
 
 
 # --- submodules ------------------------------------------------------------------------------
-def gitlinks(repo_dir: Path, commit: str) -> dict[str, str]:
-    """path -> pinned SHA of every submodule (gitlink) in ``commit``."""
-    out = run_git("ls-tree", "-r", "-z", commit, cwd=repo_dir).stdout
-    links = {}
-    for entry in out.split("\0"):
-        if entry.startswith("160000 commit "):
-            meta, path = entry.split("\t", 1)
-            links[path] = meta.split()[2]
-    return links
-
-
-def gitmodules(repo_dir: Path, commit: str) -> dict[str, tuple[str, str]]:
-    """path -> (submodule name, url) from the commit's .gitmodules."""
-    proc = run_git("config", "-z", "--blob", f"{commit}:.gitmodules", "--get-regexp",
-                   r"^submodule\..*\.(path|url)$", cwd=repo_dir, check=False)
-    if proc.returncode not in (0, 1):  # 1: no matches / no .gitmodules
-        return {}
-    names: dict[str, dict[str, str]] = {}
-    for item in proc.stdout.split("\0"):
-        if not item:
-            continue
-        key, _, value = item.partition("\n")
-        name, _, attr = key[len("submodule."):].rpartition(".")
-        names.setdefault(name, {})[attr] = value
-    return {v["path"]: (n, v.get("url", "")) for n, v in names.items() if "path" in v}
-
-
 def _fetch_submodules(settings: Settings, repo: Path, commit: str, parent_upstream: str,
                       prefix: str = "") -> tuple[SubmoduleRecord, ...]:
     """Fetch every submodule commit (recursively) into its cache, reading only caches.
@@ -317,6 +215,7 @@ def _fetch_submodules(settings: Settings, repo: Path, commit: str, parent_upstre
     links = gitlinks(repo, commit)
     if not links:
         return ()
+    check_gitmodules(repo, commit, parent_upstream, prefix)
     modules = gitmodules(repo, commit)
     records = []
     for path, sha in sorted(links.items()):
@@ -345,10 +244,16 @@ def _checkout_submodules(settings: Settings, repo_dir: Path, commit: str, parent
         upstream = resolve_relative(record.url, parent_upstream)
         cache = cache_repo(settings, upstream)
         try:
-            run_git("config", f"submodule.{name}.url", str(cache), cwd=repo_dir)
-            run_git("submodule", "update", "-q", "--init", "--", path, cwd=repo_dir)
-            run_git("config", f"submodule.{name}.url", record.fetched_from, cwd=repo_dir)
-            run_git("remote", "set-url", "origin", record.fetched_from, cwd=repo_dir / path)
+            if is_shallow(cache):
+                # git clones a shallow repository through its transport, asking only for
+                # branches (the cache has none): give `submodule update` its module directory
+                # ready, holding the pinned commit, and it checks out from there
+                gitdir = Path(run_git("rev-parse", "--absolute-git-dir", cwd=repo_dir).stdout.strip())
+                _copy_from_shallow_cache(cache, gitdir / "modules" / name, f"{PIN_REF_PREFIX}{record.commit}")
+            run_git("config", operands=(f"submodule.{name}.url", str(cache)), cwd=repo_dir)
+            run_git("submodule", "update", "-q", "--init", operands=(path,), end_of_options="--", cwd=repo_dir)
+            run_git("config", operands=(f"submodule.{name}.url", record.fetched_from), cwd=repo_dir)
+            run_git("remote", "set-url", operands=("origin", record.fetched_from), cwd=repo_dir / path)
         except GitCommandFailed as exc:
             raise SubmoduleError(f"submodule {record.path}: checkout of {record.commit} failed: {exc}",
                                  hint=MIRROR_HINT) from None
@@ -486,7 +391,7 @@ def fetch(spec: BuildSpec, settings: Settings, dest: Path, dry_run: bool = False
                                    f"removed it, checking out from git")
     if result is None:
         result = _fetch_into(spec, settings, cache, source, submodules, dest,
-                             lambda tmp: _checkout_from_git(spec, cache, tmp), keep=kept)
+                             lambda tmp: _checkout_from_git(spec, cache, source, tmp), keep=kept)
     return result
 
 
@@ -503,9 +408,9 @@ def _fetch_into(spec: BuildSpec, settings: Settings, cache: Path, source: str,
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     try:
         populate(tmp)
-        tag_object = run_git("rev-parse", f"refs/patcher/tags/{spec.tag}", cwd=cache).stdout.strip()
+        tag_object = run_git("rev-parse", cached_tag_ref(source, spec.tag), cwd=cache).stdout.strip()
         run_git("update-ref", f"refs/tags/{spec.tag}", tag_object, cwd=tmp)
-        run_git("remote", "set-url", "origin", source, cwd=tmp)
+        run_git("remote", "set-url", operands=("origin", source), cwd=tmp)
         _checkout_submodules(settings, tmp, spec.commit, spec.repo, submodules)
         result = SourceTree(path=str(dest), repo=spec.repo, fetched_from=source, tag=spec.tag,
                             commit=spec.commit, commit_overridden=spec.commit_overridden,
@@ -526,9 +431,31 @@ def _fetch_into(spec: BuildSpec, settings: Settings, cache: Path, source: str,
     return result
 
 
-def _checkout_from_git(spec: BuildSpec, cache: Path, tmp: Path) -> None:
+def _copy_from_shallow_cache(cache: Path, gitdir: Path, ref: str) -> None:
+    """A repository at ``gitdir`` (a git directory, no work tree) holding ``ref`` of a shallow cache.
+
+    A local clone hard-links the cache's objects, but git never clones a shallow repository
+    that way: it falls back to its transport and asks for branches only.  So the one ref is
+    fetched (a pack of that commit's objects, no history to send) with its shallow roots."""
+    gitdir.parent.mkdir(parents=True, exist_ok=True)
+    run_git("init", "-q", "--bare", str(gitdir))
+    run_git("config", "core.bare", "false", cwd=gitdir)
+    run_git("fetch", "-q", "--no-tags", "--no-write-fetch-head", "--update-shallow",
+            operands=(str(cache), f"+{ref}:{ref}"), cwd=gitdir)
+    run_git("remote", "add", operands=("origin", str(cache)), cwd=gitdir)
+
+
+def _clone_cache(cache: Path, tmp: Path, tag_ref: str) -> None:
+    """``tmp`` becomes a repository with the cache's objects (no checkout), remote ``origin``."""
+    if not is_shallow(cache):
+        run_git("clone", "-q", "--no-checkout", "--no-tags", operands=(str(cache), str(tmp)))
+        return
+    _copy_from_shallow_cache(cache, tmp / ".git", tag_ref)
+
+
+def _checkout_from_git(spec: BuildSpec, cache: Path, source: str, tmp: Path) -> None:
     try:
-        run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+        _clone_cache(cache, tmp, cached_tag_ref(source, spec.tag))
         run_git("checkout", "-q", "--detach", spec.commit, cwd=tmp)
     except GitCommandFailed as exc:
         raise FetchError(f"cannot check out {spec.tag} from the cache {cache}: {exc}",
@@ -614,7 +541,7 @@ def _fetch_from_kept(spec: BuildSpec, settings: Settings, cache: Path, source: s
 
     def populate(tmp: Path) -> None:
         try:
-            run_git("clone", "-q", "--no-checkout", "--no-tags", str(cache), str(tmp))
+            _clone_cache(cache, tmp, cached_tag_ref(source, spec.tag))
             run_git("update-ref", "--no-deref", "-m", f"checkout: moving to {spec.commit}", "HEAD",
                     spec.commit, cwd=tmp)
             run_git("config", "core.trustctime", "false", cwd=tmp)

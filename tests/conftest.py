@@ -13,6 +13,7 @@ RECORDING_SWITCHES = ("PATCHER_RECORD_COMPILE_CHECK", "PATCHER_RECORD_UPSTREAM_T
 pytest_plugins = [
     "tests.fixtures.common",
     "tests.fixtures.realtree",
+    "tests.fixtures.upstream_trees",
     "tests.fixtures.docker_env",
     "tests.fixtures.torch_env",
     "tests.fixtures.index_env",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher import source
+from patcher import gitrun, source
 from patcher.config import DEFAULT_MATRIX, Settings
 from patcher.errors import (
     FetchError,
@@ -111,19 +111,19 @@ def leftovers(directory: Path, expected: set[str]) -> set[str]:
 
 # --- URLs ------------------------------------------------------------------------------------
 def test_url_rewriting():
-    assert source.org_repo("https://github.com/pytorch/pytorch.git") == ("pytorch", "pytorch")
-    assert source.org_repo("https://gitlab.com/libeigen/eigen") == ("libeigen", "eigen")
-    assert source.org_repo("git@github.com:fmtlib/fmt.git") == ("fmtlib", "fmt")
-    assert source.resolve_relative("../fmt.git", "https://github.com/pytorch/pytorch.git") == \
+    assert gitrun.org_repo("https://github.com/pytorch/pytorch.git") == ("pytorch", "pytorch")
+    assert gitrun.org_repo("https://gitlab.com/libeigen/eigen") == ("libeigen", "eigen")
+    assert gitrun.org_repo("git@github.com:fmtlib/fmt.git") == ("fmtlib", "fmt")
+    assert gitrun.resolve_relative("../fmt.git", "https://github.com/pytorch/pytorch.git") == \
         "https://github.com/pytorch/fmt.git"
-    assert source.resolve_relative("../../google/benchmark.git", "https://github.com/pytorch/pytorch.git") == \
+    assert gitrun.resolve_relative("../../google/benchmark.git", "https://github.com/pytorch/pytorch.git") == \
         "https://github.com/google/benchmark.git"
-    assert source.mirror_url("https://github.com/fmtlib/fmt.git", "file:///srv/git/") == \
+    assert gitrun.mirror_url("https://github.com/fmtlib/fmt.git", "file:///srv/git/") == \
         "file:///srv/git/fmtlib/fmt.git"
-    assert source.mirror_url("https://github.com/fmtlib/fmt.git", None) == "https://github.com/fmtlib/fmt.git"
+    assert gitrun.mirror_url("https://github.com/fmtlib/fmt.git", None) == "https://github.com/fmtlib/fmt.git"
     assert Settings(mirror="/srv/mirror").git_base() == "/srv/mirror/git"
     with pytest.raises(FetchError, match="cannot tell organisation"):
-        source.org_repo("https://example.invalid/")
+        gitrun.org_repo("https://example.invalid/")
 
 
 # --- small real repositories -----------------------------------------------------------------
