@@ -1,5 +1,6 @@
-"""torch 1.4.0, the main job's release, on its real tree: the v1.4.0 tag commit from the shallow git
-mirror of ../shared/sources/pytorch-git-mirror.tar (every repository at its pinned commits, depth 1).
+"""torch 1.4.0, the main job's release, on its real tree: the v1.4.0 tag commit fetched by `patcher
+fetch` from the shallow git mirror of ../shared/sources/pytorch-git-mirror.tar (the session fixture
+``real_tree_1_4_0`` of tests/fixtures/upstream_trees.py).
 
 What is proven here: the tag is the matrix's pinned commit; every patch of the 1.4.0 series names,
 in its index line, the blob the real tree holds, and the series applies exactly (no fuzz, no
@@ -24,9 +25,6 @@ from patcher.source import tree_hash
 TORCH = "1.4.0"
 TAG_COMMIT = "7f73f1d591afba823daa4a99a939217fb54d7688"
 SERIES = ["PT-0001", "PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105", "PT-0110", "PT-0111"]
-# The unpacked mirror (.ci/fetch-sources.sh unpacks ../shared/sources/pytorch-git-mirror.tar);
-# laid out like a site's internal git mirror: <root>/pytorch/pytorch.git, ...
-GIT_MIRROR_ROOT = Path(os.environ.get("PATCHER_TEST_GIT_MIRROR_ROOT", "/var/cache/trees/git"))
 # advisories whose 1.4.0 state rests on claims about source (paths, text, build guards)
 TREE_CLAIMS = 53
 
@@ -39,22 +37,17 @@ def git(cwd, *args) -> str:
 
 
 @pytest.fixture(scope="module")
-def v140_clone(tmp_path_factory) -> Path:
-    """One clone of the mirror's PyTorch repository at the v1.4.0 tag (no submodules: the series
-    touches none)."""
-    repo = GIT_MIRROR_ROOT / "pytorch" / "pytorch.git"
-    if not repo.is_dir():
-        pytest.fail(f"{repo} is missing: unpack ../shared/sources/pytorch-git-mirror.tar there "
-                    "(.ci/fetch-sources.sh)", pytrace=False)
-    dest = tmp_path_factory.mktemp("v1.4.0") / "pytorch"
-    git(dest.parent, "clone", "-q", "--no-checkout", repo.as_uri(), dest.name)
-    git(dest, "checkout", "-q", "--detach", "v1.4.0")
-    return dest
+def v140_clone(real_tree_1_4_0) -> Path:
+    """The v1.4.0 tree `patcher fetch` made from the shallow mirror (tests/fixtures/upstream_trees.py:
+    the matrix's pinned tag commit, every submodule); SHARED, read only here."""
+    assert real_tree_1_4_0.commit == TAG_COMMIT
+    return real_tree_1_4_0.path
 
 
 @pytest.fixture
-def real_tree_1_4_0(v140_clone, tmp_path) -> Path:
-    """A fresh working tree of v1.4.0 for one test, which may commit freely."""
+def v140_worktree(v140_clone, tmp_path) -> Path:
+    """A fresh working tree of v1.4.0 for one test, which may commit freely (the series touches
+    no submodule, so a shared clone of the superproject is enough)."""
     dest = tmp_path / "pytorch"
     git(tmp_path, "clone", "-q", "--shared", "--no-checkout", str(v140_clone), dest.name)
     git(dest, "checkout", "-q", "--detach", TAG_COMMIT)
@@ -69,7 +62,7 @@ def test_the_tag_is_the_matrix_pin(v140_clone):
 
 
 @pytest.mark.realtree
-def test_each_patch_is_made_against_the_real_tree(real_tree_1_4_0):
+def test_each_patch_is_made_against_the_real_tree(v140_worktree):
     """In series order, the index line of every diff names the blob the tree holds at that point
     (the tag, plus the earlier patches), and the patch applies with no fuzz and no offset."""
     series = patches.load_series(DEFAULT_CATALOG / "patches", TORCH)
@@ -79,38 +72,38 @@ def test_each_patch_is_made_against_the_real_tree(real_tree_1_4_0):
         pairs = re.findall(r"^diff --git a/(\S+) b/\S+\nindex ([0-9a-f]{40})\.\.[0-9a-f]{40} 100644$", text, re.M)
         assert pairs, patch.id
         for rel, blob in pairs:
-            assert git(real_tree_1_4_0, "rev-parse", f"HEAD:{rel}") == blob, (patch.id, rel)
-        r = subprocess.run(["git", "apply", "--check", "--verbose", str(patch.path)], cwd=real_tree_1_4_0,
+            assert git(v140_worktree, "rev-parse", f"HEAD:{rel}") == blob, (patch.id, rel)
+        r = subprocess.run(["git", "apply", "--check", "--verbose", str(patch.path)], cwd=v140_worktree,
                            capture_output=True, text=True)
         assert r.returncode == 0, (patch.id, r.stderr)
         assert "with fuzz" not in r.stderr and "offset" not in r.stderr, (patch.id, r.stderr)
-        git(real_tree_1_4_0, "am", "-q", str(patch.path))
+        git(v140_worktree, "am", "-q", str(patch.path))
         assert patch.applies_to == f"=={TORCH}" and patch.upstream_tests, patch.id
         # the message says where it was proven, not that the tree was out of reach
         assert "7f73f1d5" in text and "not reachable" not in text, patch.id
 
 
 @pytest.mark.realtree
-def test_the_series_applies_exactly_one_commit_per_patch(real_tree_1_4_0, patcher_cli):
-    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", real_tree_1_4_0)
+def test_the_series_applies_exactly_one_commit_per_patch(v140_worktree, patcher_cli):
+    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", v140_worktree)
     assert check.exit_code == 0, check.stderr
     assert f"ok: all {len(SERIES)} patches of torch {TORCH} apply exactly" in check.stdout
 
-    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", real_tree_1_4_0, "--json")
+    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", v140_worktree, "--json")
     assert applied.exit_code == 0, applied.stderr
     result = patches.PatchedTree.from_json(json.loads(applied.stdout))
     assert result.base == TAG_COMMIT and [p.id for p in result.patches] == SERIES
-    log = git(real_tree_1_4_0, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
+    log = git(v140_worktree, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
               f"{TAG_COMMIT}..HEAD").splitlines()
     assert log == SERIES
-    assert result.tree_hash == tree_hash(real_tree_1_4_0)
-    assert git(real_tree_1_4_0, "status", "--porcelain") == ""
+    assert result.tree_hash == tree_hash(v140_worktree)
+    assert git(v140_worktree, "status", "--porcelain") == ""
     # what the backports changed is in the tree
-    mobile = (real_tree_1_4_0 / "torch/csrc/jit/mobile/interpreter.cpp").read_text()
+    mobile = (v140_worktree / "torch/csrc/jit/mobile/interpreter.cpp").read_text()
     assert mobile.count("checkTableIndex(") == 4  # the helper, OP, OPN, LOADC
-    vararg = (real_tree_1_4_0 / "torch/csrc/jit/vararg_functions.cpp").read_text()
+    vararg = (v140_worktree / "torch/csrc/jit/vararg_functions.cpp").read_text()
     assert vararg.count("checkInputCount(") == 4  # the helper, ListConstruct(Tensor), TupleUnpack, format
-    assert 'checkInputCount("TupleConstruct"' in (real_tree_1_4_0 / "torch/csrc/jit/mobile/function.cpp").read_text()
+    assert 'checkInputCount("TupleConstruct"' in (v140_worktree / "torch/csrc/jit/mobile/function.cpp").read_text()
 
 
 @pytest.mark.realtree
