@@ -153,3 +153,72 @@ def test_the_one_kept_reference_file_is_the_tags_blob(v140_clone):
     real = subprocess.run(["git", "show", f"{TAG_COMMIT}:{rel}"], cwd=v140_clone, capture_output=True,
                           check=True).stdout
     assert (reference / rel).read_bytes() == real
+
+
+# --- the main job, as a site runs it (issue 29, item 5) ----------------------------------------------
+BASE_IMAGE = ("docker.io/library/ubuntu:18.04@sha256:"
+              "152dc042452c496007f07ca9127571cb9c29697f42acbfad72324b2bb2e43c98")
+# what the shallow mirror does not hold: (kind, name) of `patcher mirror check`
+STILL_MISSING = {
+    ("file", "cuda_10.1.243_418.87.00_linux.run"), ("file", "cudnn-10.1-linux-x64-v7.6.3.30.tgz"),
+    ("pip", "numpy==1.17.5"), ("pip", "PyYAML==5.4.1"), ("pip", "setuptools==44.1.1"), ("pip", "wheel==0.34.2"),
+    ("image", "ubuntu-18_04"),
+}
+
+
+@pytest.mark.realtree
+@pytest.mark.docker
+def test_the_main_job_as_a_site_runs_it(real_tree_1_4_0, upstream_git_mirror, docker_client, patcher_cli, tmp_path):
+    """`patcher build --torch 1.4.0 --cuda 10.1` with a config file naming the git mirror: the real tag
+    commit verified, every submodule fetched, the series applied, the pinned Dockerfile rendered; then
+    one line naming the first input that cannot be had here (the ubuntu:18.04 base image: no registry
+    is reachable) and how a site provides it; `patcher mirror check` lists exactly what is missing."""
+    assert docker_client.ping()
+    work = tmp_path / "work"
+    config = tmp_path / "config.toml"
+    config.write_text(f'git_mirror = "file://{upstream_git_mirror}"\nwork_dir = "{work}"\n')
+    # the session's patcher cache already holds every object of the mirror: no second download
+    env = {"PATCHER_CONFIG": str(config), "PATCHER_CACHE_DIR": str(real_tree_1_4_0.cache_dir)}
+    build = patcher_cli("build", "--torch", TORCH, "--cuda", "10.1", env=env)
+    assert build.exit_code == 35, build.stderr
+    assert "Traceback" not in build.stderr
+    errors = [ln for ln in build.stderr.splitlines() if ln.startswith("patcher: error:")]
+    assert len(errors) == 1 and build.stderr.rstrip("\n").endswith(errors[0]), build.stderr
+    assert errors[0].startswith(f"patcher: error: the builder's base image {BASE_IMAGE} cannot be had here: "
+                                "it is not in the Docker engine and pulling it failed")
+    for way in ("`docker load`", "`registry` setting", "`patcher mirror sync`", '[overrides.images] "ubuntu-18_04"',
+                f"`patcher mirror check --torch {TORCH} --cuda 10.1`"):
+        assert way in errors[0], way
+
+    builds = list(work.iterdir())
+    assert [b.name for b in builds] == ["torch-1.4.0-cu101.pt1-py3.7"]
+    record = json.loads((builds[0] / "record.json").read_text())
+    assert record["completed_stages"] == ["resolve", "fetch", "patch", "render"]
+    assert record["trust_overrides"] == []  # the real tag commit: nothing overridden
+    assert (record["source"]["tag"], record["source"]["commit"]) == ("v1.4.0", TAG_COMMIT)
+    def flat(subs):
+        return [s for sub in subs for s in (sub, *flat(sub.submodules))]
+
+    # every submodule, nested ones included: 30 gitlinks of the superproject, 44 in all
+    assert len(real_tree_1_4_0.manifest.submodules) == 30
+    assert sorted(s["path"] for s in record["source"]["submodules"]) == \
+        sorted(s.path for s in flat(real_tree_1_4_0.manifest.submodules))
+    assert len(record["source"]["submodules"]) == 44
+    assert [p["id"] for p in record["patches"]] == SERIES
+    assert record["patched_tree"]["base"] == TAG_COMMIT
+    dockerfile = (builds[0] / "image" / "Dockerfile").read_text()
+    assert dockerfile.splitlines()[[ln.startswith("FROM ") for ln in dockerfile.splitlines()].index(True)] == \
+        f"FROM {BASE_IMAGE}"
+    assert "cuda_10.1.243_418.87.00_linux.run" in dockerfile
+
+    # the site's mirror holds the git repositories only: mirror check names the rest, and only that
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "git").symlink_to(upstream_git_mirror)
+    check = patcher_cli("mirror", "check", "--torch", TORCH, "--cuda", "10.1", "--from", mirror, "--json", env=env)
+    assert check.exit_code == 80, check.stderr
+    items = json.loads(check.stdout)["items"]
+    missing = {(i["kind"], i["name"]) for i in items if i["status"] != "ok"}
+    assert missing == STILL_MISSING
+    git_items = [i for i in items if i["kind"] == "git"]
+    assert len(git_items) == 45 and all(i["status"] == "ok" for i in git_items)
