@@ -222,3 +222,30 @@ def test_the_main_job_as_a_site_runs_it(real_tree_1_4_0, upstream_git_mirror, do
     assert missing == STILL_MISSING
     git_items = [i for i in items if i["kind"] == "git"]
     assert len(git_items) == 45 and all(i["status"] == "ok" for i in git_items)
+
+
+# --- the compile check of the series (issue 29, item 2) ------------------------------------------------
+COMPILE_EVIDENCE = DEFAULT_CATALOG / "evidence" / "compile-check-1.4.0.json"
+
+
+def test_the_recorded_compile_check_covers_every_unit_of_the_series():
+    """evidence/compile-check-1.4.0.json (harness/compile_check_1_4_0/run.py on the patched real tree,
+    Debian bullseye's nvcc 11.2 + g++ 10): every translation unit the series touches compiled to object
+    code, PT-0001's DilatedMaxPool2d.cu in its real unit; it says which toolchain and how it differs
+    from CUDA 10.1 + gcc 7."""
+    from patcher import compilecheck
+
+    record = json.loads(COMPILE_EVIDENCE.read_text())
+    units, others = compilecheck.units_of_series(patches.load_series(DEFAULT_CATALOG / "patches", TORCH))
+    assert sorted(u["unit"] for u in record["units"]) == sorted(u.path for u in units)
+    assert sorted(record["not_compiled"]) == sorted(o["path"] for o in others)
+    assert all(u["status"] == "pass" for u in record["units"]), [u["unit"] for u in record["units"]]
+    assert (record["passed"], record["failed"]) == (len(units), 0)
+    assert record["tree"]["tag_commit"] == TAG_COMMIT and record["tree"]["patches"] == SERIES
+    maxpool = next(u for u in record["units"] if u["unit"].endswith("DilatedMaxPool2d.cu"))
+    assert maxpool["compiler"] == "nvcc" and " -c /src/aten/src/ATen/native/cuda/DilatedMaxPool2d.cu " in \
+        f" {maxpool['command']} "
+    versions = " ".join(record["toolchain"]["versions"])
+    assert "release 11.2" in versions and "g++-10" in versions
+    assert any("CUDA 10.1" in d for d in record["differs_from_the_release_toolchain"])
+    assert any("gcc 7" in d for d in record["differs_from_the_release_toolchain"])
