@@ -249,3 +249,49 @@ def test_the_recorded_compile_check_covers_every_unit_of_the_series():
     assert "release 11.2" in versions and "g++-10" in versions
     assert any("CUDA 10.1" in d for d in record["differs_from_the_release_toolchain"])
     assert any("gcc 7" in d for d in record["differs_from_the_release_toolchain"])
+
+
+NVCC_IMAGE_TAG = "patcher-test/debian:bullseye-nvcc-11.2"
+NVCC_IMAGE_LABEL = "org.patcher.test-base-id"
+
+
+@pytest.mark.realtree
+@pytest.mark.docker
+@pytest.mark.full_compile
+def test_every_unit_of_the_1_4_0_series_compiles(real_tree_1_4_0, bullseye_base_image, docker_client, patcher_cli,
+                                                  tmp_path):
+    """The compile check that made evidence/compile-check-1.4.0.json, run again: the series applied to
+    a copy of the fetched real tree, every unit compiled with bullseye's nvcc 11.2 and g++ 10 (about
+    4 minutes on 2 cores, plus the image once: `make test-slow`)."""
+    import shutil
+    import sys
+
+    from patcher.hostapt import host_debian_mirror
+    from tests.fixtures.docker_env import build_inline, image_with_label, machine_lock
+
+    mirror = host_debian_mirror()
+    assert mirror, "no Debian mirror in this machine's apt configuration"
+    with machine_lock("bullseye-nvcc"):
+        if image_with_label(docker_client, NVCC_IMAGE_TAG, NVCC_IMAGE_LABEL, bullseye_base_image.image_id) is None:
+            build_inline(docker_client, (
+                f"FROM {bullseye_base_image.tag}\n"
+                f'RUN echo "deb {mirror} bullseye main contrib non-free" > /etc/apt/sources.list \\\n'
+                " && apt-get update && apt-get install -y --no-install-recommends nvidia-cuda-toolkit g++-10 g++ \\\n"
+                " && rm -rf /var/lib/apt/lists/*\n"), NVCC_IMAGE_TAG, {NVCC_IMAGE_LABEL: bullseye_base_image.image_id})
+    tree = tmp_path / "pytorch"
+    shutil.copytree(real_tree_1_4_0.path, tree, symlinks=True)
+    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", tree)
+    assert applied.exit_code == 0, applied.stderr
+    from tests.conftest import CI_CACHE
+
+    wheel_include = CI_CACHE / "legacy-torch" / "venvs" / "torch-1.4.0-py3.6" / "lib" / "python3.6" / \
+        "site-packages" / "torch" / "include"
+    assert (wheel_include / "ATen" / "Functions.h").is_file(), "run `make host` (.ci/fetch-legacy-wheels.sh)"
+    out = tmp_path / "compile-check-1.4.0.json"
+    done = subprocess.run([sys.executable, str(DEFAULT_CATALOG / "harness" / "compile_check_1_4_0" / "run.py"),
+                           "--tree", str(tree), "--wheel-include", str(wheel_include), "--image", NVCC_IMAGE_TAG,
+                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert (record["passed"], record["failed"]) == (9, 0)
+    assert record["tree"]["patches"] == SERIES
