@@ -126,8 +126,8 @@ def validate_remote_url(value: str) -> str:
     """``value`` if it is a git URL patcher may hand to git; RemoteURLError (a reason) if not.
 
     Accepted: ``file://``, ``https://``, ``http://``, ``ssh://`` URLs with a host (or, for
-    ``file://``, a path), scp-style ``user@host:path`` (git's ssh shorthand), and an absolute
-    local path.  Refused: anything else, a leading ``-`` (git would read an option), control
+    ``file://``, a path), scp-style ``user@host:path`` (git's ssh shorthand), and a local path
+    (``mirror sync --from DIR`` takes relative ones).  Refused: anything else, a leading ``-`` (git would read an option), control
     characters (a newline splits git's config and protocol lines), and ``transport::address``
     (``ext::`` runs a command)."""
     if not isinstance(value, str) or not value:
@@ -153,12 +153,12 @@ def validate_remote_url(value: str) -> str:
         elif not parts.hostname or parts.hostname.startswith("-"):
             raise RemoteURLError(f"git URL {shown!r} has no usable host")
         return value
-    if value.startswith("/"):
-        return value
+    if ":" not in value.split("/", 1)[0]:
+        return value  # a local path (git reads it so when no ':' comes before the first '/')
     if _SCP_STYLE.match(value):
         return value
     raise RemoteURLError(f"git URL {shown!r} is not one patcher accepts: use "
-                         f"{', '.join(s + '://' for s in ALLOWED_URL_SCHEMES)}, user@host:path or an absolute path")
+                         f"{', '.join(s + '://' for s in ALLOWED_URL_SCHEMES)}, user@host:path or a local path")
 
 
 def source_key(url: str) -> str:

@@ -4,7 +4,8 @@ A mirror is a directory in exactly the layout ``Settings.mirror`` implies, so th
 read it directly once ``mirror = DIR`` (or an HTTP server in front of DIR) is set:
 
     git/ORG/REPO.git                  bare repositories: the pinned commits (refs/patcher/pins/<sha>)
-                                      and the tags pointing at them, nothing else (no --mirror)
+                                      and the tags pointing at them, nothing else (no --mirror);
+                                      with ``sync --shallow`` not even their history (depth 1)
     files/<sha256>                    CUDA runfiles, cuDNN archives, third-party inputs
     wheelhouse/<project>/<file>.whl   pinned pip wheels + a PEP 503 index.html with #sha256= links
     images/<name>@sha256_<hex>.tar    the pinned OS image as an OCI image layout (also `docker load`-able)
@@ -231,17 +232,20 @@ def _pack_bytes(repo: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in pack_dir.glob("*.pack")} if pack_dir.is_dir() else {}
 
 
-def _fetch(repo: Path, url: str, refspecs: list[str], what: str) -> int:
+def _fetch(repo: Path, url: str, refspecs: list[str], what: str, shallow: bool = False) -> int:
     """``git fetch`` into ``repo``; returns the bytes received (the new pack's size).
 
     Received objects are always kept as a pack (unpackLimit=1), so its size is what came over
-    the wire, and nothing is auto-gc'd or pruned in a mirror.
+    the wire, and nothing is auto-gc'd or pruned in a mirror.  ``shallow``: each commit without
+    its history (``--depth=1``); from a shallow source the shallow roots are taken either way
+    (``--update-shallow``: without it git drops the refs and exits 0).
     """
     before = _pack_bytes(repo)
+    depth = ("--depth=1",) if shallow else ()
     try:
         run_git("-c", "fetch.unpackLimit=1", "-c", "transfer.unpackLimit=1", "-c", "gc.auto=0",
              "-c", "maintenance.auto=false", "fetch", "-q", "--no-tags", "--no-write-fetch-head",
-             "--update-shallow", operands=(url, *refspecs), cwd=repo)
+             "--update-shallow", *depth, operands=(url, *refspecs), cwd=repo)
     except GitCommandFailed as exc:
         stderr = exc.stderr
         if "couldn't find remote ref" in stderr or "not our ref" in stderr or "no such remote ref" in stderr:
@@ -284,6 +288,7 @@ class _GitWalk:
     fetch_from: Callable[[str], str] | None  # upstream URL -> where to fetch it from
     tag_ref: Callable[[str], str] = lambda tag: f"refs/tags/{tag}"
     with_tags: bool = False  # also fetch the source's tags that point at pinned commits
+    shallow: bool = False  # each pinned commit without its history
     transferred: dict[str, int] = field(default_factory=dict)
     # (repository name, commit) -> [(missing | corrupt, detail)]
     problems: dict[tuple[str, str], list[tuple[str, str]]] = field(default_factory=dict)
@@ -322,7 +327,7 @@ class _GitWalk:
             return repo
         # Into a staging ref first: a moved tag must not land in the mirror.
         staging = f"refs/patcher/incoming/{pin.tag}"
-        got = _fetch(repo, source, [f"+refs/tags/{pin.tag}:{staging}"], f"tag {pin.tag}")
+        got = _fetch(repo, source, [f"+refs/tags/{pin.tag}:{staging}"], f"tag {pin.tag}", self.shallow)
         self.transferred[pin.name] = self.transferred.get(pin.name, 0) + got
         found = run_git("rev-parse", f"{staging}^{{commit}}", cwd=repo).stdout.strip()
         tag_object = run_git("rev-parse", staging, cwd=repo).stdout.strip()
@@ -375,7 +380,8 @@ class _GitWalk:
             self.transferred.setdefault(pin.name, 0)
             return repo
         source = self.fetch_from(pin.upstream)
-        got = _fetch(repo, source, [f"+{pin.commit}:{pin_ref}"], f"commit {pin.commit} of submodule {pin.path}")
+        got = _fetch(repo, source, [f"+{pin.commit}:{pin_ref}"], f"commit {pin.commit} of submodule {pin.path}",
+                     self.shallow)
         if self.with_tags:
             got += self._tags_at(repo, source, pin)
         self.transferred[pin.name] = self.transferred.get(pin.name, 0) + got
@@ -393,7 +399,7 @@ class _GitWalk:
                 tags.add(ref[:-3] if ref.endswith("^{}") else ref)
         if not tags:
             return 0
-        return _fetch(repo, source, [f"+{t}:{t}" for t in sorted(tags)], f"tags of {pin.name}")
+        return _fetch(repo, source, [f"+{t}:{t}" for t in sorted(tags)], f"tags of {pin.name}", self.shallow)
 
     def _verify(self, repo: Path, pin: GitPin) -> Path | None:
         """Every object the commit needs is present (check mode only)."""
@@ -987,9 +993,39 @@ def _refuse_unpinned(spec: BuildSpec, mirror_plan_unpinned: tuple[str, ...]) -> 
                                  hint="pin them in the matrix or in the config file's [overrides]")
 
 
+def sync_git(spec: BuildSpec, src: Settings, dest: Path, shallow: bool = False) -> tuple[list[GitPin], list[SyncedItem]]:
+    """The git part of :func:`sync` (``src``: the settings to fetch with), for a caller that
+    holds the mirror's lock: the pinned refs only; objects already mirrored are not
+    transferred again."""
+    def repo_for(upstream: str) -> Path:
+        org, repo = org_repo(upstream)
+        return dest / "git" / org / f"{repo}.git"
+
+    walk = _GitWalk(repo_for=repo_for, fetch_from=lambda up: mirror_url(up, src.git_base()), with_tags=True,
+                    shallow=shallow)
+    git_pins = walk.top(spec)
+    items = []
+    seen: set[tuple[str, str]] = set()
+    for pin in git_pins:
+        if (pin.name, pin.commit) in seen:
+            continue
+        seen.add((pin.name, pin.commit))
+        got = walk.transferred.get(pin.name, 0)
+        walk.transferred[pin.name] = 0  # counted once per repository
+        items.append(SyncedItem("git", pin.name + (f" ({pin.path})" if pin.path else f" ({pin.tag})"),
+                                pin.commit, pin.mirror_path, "fetched" if got else "present", got))
+    for repo in {dest / p.mirror_path for p in git_pins}:
+        run_git("update-server-info", cwd=repo)  # so a plain web server can serve the mirror (dumb HTTP)
+    return git_pins, items
+
+
 def sync(spec: BuildSpec, settings: Settings, dest: Path, source: str | None = None,
-         registry: str | None = None) -> SyncResult:
-    """Fetch the closure of ``spec`` into the mirror ``dest`` (see the module docstring)."""
+         registry: str | None = None, shallow: bool = False) -> SyncResult:
+    """Fetch the closure of ``spec`` into the mirror ``dest`` (see the module docstring).
+
+    ``shallow``: the git repositories hold the pinned commits and nothing else (no history:
+    depth 1 at each), which is all a build reads; a mirror synced from a shallow source is
+    shallow either way."""
     dest = Path(dest).absolute()
     src = source_settings(settings, source)
     wheels, _apt, unpinned = _wheel_pins(spec, settings)
@@ -999,24 +1035,8 @@ def sync(spec: BuildSpec, settings: Settings, dest: Path, source: str | None = N
     items: list[SyncedItem] = []
     pushed = None
     with _mirror_lock(dest):
-        # -- git: the pinned refs only; objects already mirrored are not transferred again
-        def repo_for(upstream: str) -> Path:
-            org, repo = org_repo(upstream)
-            return dest / "git" / org / f"{repo}.git"
-
-        walk = _GitWalk(repo_for=repo_for, fetch_from=lambda up: mirror_url(up, src.git_base()), with_tags=True)
-        git_pins = walk.top(spec)
-        seen: set[tuple[str, str]] = set()
-        for pin in git_pins:
-            if (pin.name, pin.commit) in seen:
-                continue
-            seen.add((pin.name, pin.commit))
-            got = walk.transferred.get(pin.name, 0)
-            walk.transferred[pin.name] = 0  # counted once per repository
-            items.append(SyncedItem("git", pin.name + (f" ({pin.path})" if pin.path else f" ({pin.tag})"),
-                                    pin.commit, pin.mirror_path, "fetched" if got else "present", got))
-        for repo in {dest / p.mirror_path for p in git_pins}:
-            run_git("update-server-info", cwd=repo)  # so a plain web server can serve the mirror (dumb HTTP)
+        git_pins, git_items = sync_git(spec, src, dest, shallow=shallow)
+        items += git_items
 
         # -- files by sha256
         for pin in _file_pins(spec):

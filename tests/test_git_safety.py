@@ -28,7 +28,6 @@ REFUSED_URLS = {
     "ftp://example.invalid/org/app.git": "scheme ftp://",
     "https://example.invalid/org/app.git\nurl=x": "control character",
     "https://ex\x7fample.invalid/a/b.git": "control character",
-    "relative/path/app.git": "not one patcher accepts",
     "host:org/app.git": "not one patcher accepts",
     "https:///org/app.git": "no usable host",
     "ssh://-oProxyCommand=x/org/app.git": "no usable host",
@@ -37,7 +36,8 @@ REFUSED_URLS = {
 }
 ACCEPTED_URLS = ["file:///srv/git", "https://git.example.invalid/mirror", "http://10.0.0.1:8080/git",
                  "ssh://git@git.example.invalid/org/app.git", "git@git.example.invalid:org/app.git",
-                 "/srv/git/org/app.git", "file:///srv/my git/org/app.git"]
+                 "/srv/git/org/app.git", "file:///srv/my git/org/app.git",
+                 "site/git", "./site/git"]
 
 
 @pytest.mark.parametrize("value", sorted(REFUSED_URLS))
@@ -234,3 +234,16 @@ def test_moved_tag_in_a_shallow_source_is_reported_as_that_source_holds_it(tmp_p
         source.fetch(spec_for(settings_b, "v1.0", pinned), settings_b, tmp_path / "out" / "from-b")
     assert f"tag v1.0 in {url_b} points at {moved}" in str(err.value)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["from-a"]
+
+
+def test_mirror_sync_refuses_a_hostile_gitmodules_before_git_runs(tmp_path):
+    """`patcher mirror sync` walks the same .gitmodules: the same refusal, nothing fetched for it."""
+    from patcher import mirror
+
+    marker = tmp_path / "MARKER"
+    upstream, commit = _hostile_app(tmp_path, f"--upload-pack=touch {marker}")
+    settings = settings_for(tmp_path, f"file://{upstream}")
+    with pytest.raises(SubmoduleURLError) as err:
+        mirror.sync_git(spec_for(settings, "v1.0", commit), settings, tmp_path / "site")
+    assert "submodule 'evil' (path 'libs/dep')" in str(err.value) and not marker.exists()
+    assert not (tmp_path / "site" / "git" / "org" / "dep.git").exists()

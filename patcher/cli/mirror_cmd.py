@@ -67,12 +67,14 @@ def plan_cmd(torch_version, cuda, python_version, source, as_json):
               help="The mirror directory to fill (created when missing).")
 @click.option("--from", "source", help="Fetch from this mirror (DIR or URL) instead of the upstream locations.")
 @click.option("--registry", help="Also push the pinned image to this registry (host[:port]), digest unchanged.")
+@click.option("--shallow", is_flag=True,
+              help="Git repositories hold the pinned commits only, without history (a fraction of the size).")
 @_json
-def sync_cmd(torch_version, cuda, python_version, dest, source, registry, as_json):
+def sync_cmd(torch_version, cuda, python_version, dest, source, registry, shallow, as_json):
     """Fetch the closure of one build into a mirror (resumable; only what is new is transferred)."""
     settings = load_settings()
     spec = resolve(settings, torch_version, cuda=cuda, python=python_version)
-    result = mirror_mod.sync(spec, settings, dest, source=source, registry=registry)
+    result = mirror_mod.sync(spec, settings, dest, source=source, registry=registry, shallow=shallow)
     if as_json:
         echo_json(result.to_json())
         return
