@@ -294,6 +294,19 @@ def stage_image(b: Build) -> tuple[ImageOutcome, str]:
         reason = meaningful_line([ln for ln in lines if not ln.lstrip().startswith(
             ("Removing intermediate container", "---> "))])
         message = exc.message.split(" (last output:", 1)[0] + (f"; {reason}" if lines else "")
+        from_ref = dockerfile.image_from(b.spec, b.settings)
+        if lines and all(ln.startswith("Step 1/") for ln in lines) and b.engine.image_id(from_ref) is None:
+            # the build never got past FROM: the base image is not in the engine and cannot be pulled
+            from patcher.errors import BuildInputUnavailableError
+
+            raise BuildInputUnavailableError(
+                f"the builder's base image {from_ref} cannot be had here: it is not in the Docker engine and "
+                f"pulling it failed ({exc.message.split(' (last output:', 1)[0].split(': ', 1)[-1]})",
+                hint=f"a site provides it: `docker load` it into the engine, point the `registry` setting at a "
+                     f"registry that holds it (`patcher mirror sync` fills one), or name a rebuilt base in "
+                     f"[overrides.images] \"{b.spec.image.name}\" = \"REF@sha256:DIGEST\"; "
+                     f"`patcher mirror check --torch {b.spec.torch} --cuda {b.spec.cuda}` lists every input "
+                     "still missing") from None
         if mentions_disk_full(exc.message) or any(mentions_disk_full(ln) for ln in lines):
             from patcher.errors import DiskFullError
 

@@ -79,17 +79,17 @@ def test_resolved_assessments_name_a_patch_of_the_series_and_its_probe(data):
             assert set(assessment.probes) <= known
             cve = re.search(r"^Upstream-Bug: (.+)$", text, re.M).group(1)
             assert a.id in cve, (a.id, assessment.patch)
-    assert seen == 18  # 1.4.0: 3, 1.13.1: 9, 2.6.0: 6
+    assert seen == 22  # 1.4.0: 7, 1.13.1: 9, 2.6.0: 6
 
 
 def test_source_claims_are_only_made_where_a_real_tree_checks_them(data):
-    # Checked against Debian's real trees: 1.13.1 in tests/test_catalog_advisories.py, 2.6.0 in
-    # tests/test_realtree_2_6_0.py; or in the files of the wheel the assessment names
-    # (tests/test_advisories_wheel_files.py).
+    # Checked against real trees: Debian's 1.13.1 in tests/test_catalog_advisories.py, 2.6.0 in
+    # tests/test_realtree_2_6_0.py, the v1.4.0 tag commit in tests/test_realtree_1_4_0.py; or in the
+    # files of the wheel the assessment names (tests/test_advisories_wheel_files.py).
     for a in data.advisories:
         for release, assessment in a.assess.items():
             if assessment.state == "not_affected":
-                assert release in ("1.13.1", "2.6.0") or assessment.wheel is not None, (a.id, release)
+                assert release in ("1.4.0", "1.13.1", "2.6.0") or assessment.wheel is not None, (a.id, release)
 
 
 # --- the assessment of one build ------------------------------------------------------------

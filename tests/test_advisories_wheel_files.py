@@ -1,8 +1,9 @@
-"""Advisory claims that rest on the files of PyPI's wheels (1.4.0, 1.8.1, 2.0.1, 2.1.2: no tree of
-those releases is reachable here): every ``code_not_present`` claim of those releases names the
-pinned wheel it was established on, and holds in that wheel's files (fetched by
-.ci/fetch-legacy-wheels.sh, `make host`); the VEX says where each was checked.  The mechanism
-itself is tested on small wheels made here."""
+"""Advisory claims that rest on the files of PyPI's wheels (1.8.1, 2.0.1, 2.1.2: no tree of those
+releases is reachable here): every ``code_not_present`` claim of those releases names the pinned
+wheel it was established on, and holds in that wheel's files (fetched by
+.ci/fetch-legacy-wheels.sh, `make host`); the VEX says where each was checked.  1.4.0's claims
+were moved to its real tree (tests/test_realtree_1_4_0.py): none of them names a wheel any more.
+The mechanism itself is tested on small wheels made here."""
 
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ from tests.conftest import CI_CACHE
 
 WHEELS = CI_CACHE / "legacy-torch" / "wheels"
 SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "fetch-legacy-wheels.sh"
-RELEASES = ("1.4.0", "1.8.1", "2.0.1", "2.1.2")
+RELEASES = ("1.8.1", "2.0.1", "2.1.2")
+# the runtimes .ci/fetch-legacy-wheels.sh pins: 1.4.0's wheel is there for the probe, its claims
+# are checked on the real v1.4.0 tree
+PINNED = ("1.4.0",) + RELEASES
+TREE_CHECKED = ("1.4.0",)
 # claims (a path or a text absent) per release: 2.1.2 has torch.compile and torch.export, so every
 # advisory of Python code is present there and none rests on absence
-CLAIMS = {"1.4.0": 41, "1.8.1": 34, "2.0.1": 3, "2.1.2": 0}
+CLAIMS = {"1.8.1": 34, "2.0.1": 3, "2.1.2": 0}
 
 
 def _pinned_torch_wheels() -> dict[str, tuple[str, str]]:
@@ -40,13 +45,13 @@ def _pinned_torch_wheels() -> dict[str, tuple[str, str]]:
 
 def test_the_assessments_name_the_pinned_wheels():
     pinned = _pinned_torch_wheels()
-    assert sorted(pinned) == list(RELEASES)
+    assert sorted(pinned) == list(PINNED)
     seen = {r: 0 for r in RELEASES}
     for adv in advisories.load().advisories:
         for release, a in adv.assess.items():
             if a.wheel is None:
                 continue
-            assert release in RELEASES, (adv.id, release)
+            assert release in RELEASES and release not in TREE_CHECKED, (adv.id, release)
             assert (a.wheel["file"], a.wheel["sha256"]) == pinned[release], (adv.id, release)
             seen[release] += 1
         for release in RELEASES:
@@ -173,14 +178,14 @@ def test_a_wheel_backs_only_code_not_present(tmp_path):
 
 
 def test_the_cli_checks_the_claims_in_a_pinned_wheel(patcher_cli):
-    name, _digest = _pinned_torch_wheels()["1.4.0"]
+    name, _digest = _pinned_torch_wheels()["1.8.1"]
     wheel = WHEELS / name
     if not wheel.is_file():
         pytest.fail(f"{wheel} is missing (run `make host`: .ci/fetch-legacy-wheels.sh)", pytrace=False)
-    res = patcher_cli("advisories", "--torch", "1.4.0", "--cuda", "none", "--check-tree", str(wheel), "--json")
+    res = patcher_cli("advisories", "--torch", "1.8.1", "--cuda", "none", "--check-tree", str(wheel), "--json")
     assert res.exit_code == 0, res.stderr
     claims = json.loads(res.stdout)["claims"]
-    assert len(claims) == CLAIMS["1.4.0"] and all(c["ok"] for c in claims)
+    assert len(claims) == CLAIMS["1.8.1"] and all(c["ok"] for c in claims)
 
 
 def test_the_cli_refuses_a_file_that_is_neither_tree_nor_wheel(patcher_cli, tmp_path):

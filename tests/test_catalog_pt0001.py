@@ -1,6 +1,7 @@
 """PT-0001 (torch 1.4.0 max_pool2d channels-last shared memory): the catalog entry holds up.
 
-No GPU needed: the patch applies exactly to the vendored v1.4.0 file (real git), the
+No GPU needed: the patch applies exactly to the kept v1.4.0 file (real git; that it is the real
+tag's blob is tests/test_realtree_1_4_0.py's), the
 patched file reads cudaGetLastError() once per check and names the right function,
 and the committed GPU evidence covers exactly this patched file and says all passed.
 """
@@ -25,8 +26,8 @@ REFERENCE = PATCH_DIR / ".reference" / REL
 EVIDENCE = REPO / "evidence" / "gpu" / "pt0001-maxpool-nhwc.json"
 HARNESS = REPO / "harness" / "pt0001_maxpool_nhwc"
 
-# pytorch master 66cb93c7627385a1e3272e32586ea1baace17d59, the last change to the file
-# before the release/1.4 branch (see patches/1.4.0/.reference/README.md)
+# the blob at the v1.4.0 tag commit (first read at pytorch master 66cb93c7627385a1e3272e32586ea1baace17d59,
+# see patches/1.4.0/.reference/README.md)
 REFERENCE_GIT_BLOB = "1f565961fba7e85fcaffff2cdc56649c6bf25e3d"
 REFERENCE_SHA256 = "4f793d3477537c8fbb9868bb771832a1b67662f0c683288728b4186546eee3e1"
 
@@ -120,7 +121,8 @@ def test_mbox_header_and_trailers(reference_repo):
     body = message.lower()
     for needed in ("root cause", "error code 0", "48 kib", "c >= 193", "c >= 257", "c >= 129",
                    "66cb93c7627385a1e3272e32586ea1baace17d59",
-                   "patcher patches check --torch 1.4.0 --source"):
+                   # proven on the real v1.4.0 tree (tests/test_realtree_1_4_0.py)
+                   "7f73f1d591afba823daa4a99a939217fb54d7688", REFERENCE_GIT_BLOB):
         assert needed in body, needed
 
 

@@ -3,8 +3,8 @@
 What is proven here, with real inputs:
 - every security patch is a well-formed mbox with our trailers, names probe ids that exist, and
   explains the bug and the fix in its body;
-- each 1.13.1 patch applies exactly to Debian's real 1.13.1 tree, the 1.4.0 series to the
-  vendored 1.4-era files (whose hashes are the ones the reference README records);
+- each 1.13.1 patch applies exactly to Debian's real 1.13.1 tree (the 1.4.0 series is proven on
+  the real v1.4.0 tree in tests/test_realtree_1_4_0.py);
 - the Python-level fix (PT-0101) on Debian's python3-torch 1.13.1: the probe's bypass check
   fails against the installed ``torch/jit/annotations.py`` and both CVE-2022-45907 checks pass
   when the patched file from the real tree is loaded in its place;
@@ -14,7 +14,6 @@ What is proven here, with real inputs:
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -33,11 +32,10 @@ from patcher.probe.framework import Skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PATCHES = REPO_ROOT / "patches"
-REFERENCE_14 = PATCHES / "1.4.0" / ".reference"
 
 SECURITY_IDS = {
     "1.13.1": ["PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105"],
-    "1.4.0": ["PT-0101", "PT-0102", "PT-0103"],
+    "1.4.0": ["PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105"],
 }
 CVES = {
     "PT-0101": "CVE-2022-45907",
@@ -47,13 +45,6 @@ CVES = {
     "PT-0105": "CVE-2024-31583",
 }
 TRAILER_KEYS = ["Patch-Id", "Applies-To", "Category", "Upstream-Bug", "Upstream-Fix", "Probe", "Upstream-Tests"]
-# The vendored 1.4-era files the 1.4.0 security patches were written against (README there).
-REFERENCE_SHA256 = {
-    "torch/jit/annotations.py": "8c7fcc6e58b30541061d3480b1d9826cf5f2032060ac6f9be4baccf28e2e492d",
-    "aten/src/ATen/native/LossCTC.cpp": "9166e738e07b05e476fd697b1a1697f9a265148a195f1149f685cbfad78c73af",
-    "aten/src/ATen/native/cuda/LossCTC.cu": "c60711d83c20412bc14b255d0c3d06aebedca1a6c439077bd2fb13dd5f66c45b",
-    "aten/src/ATen/native/mkldnn/Utils.cpp": "6eae65dc464d10bf8c8c3f76ff45b4c8b83c92fa89ffd358a2a5b45974d2c757",
-}
 
 # Loads patched copies of torch's pure-Python modules in place of the installed ones, in this
 # interpreter and in every child it starts (isolated probe checks): a sitecustomize on
@@ -168,32 +159,6 @@ def test_each_1_13_1_patch_applies_to_the_real_tree(realtree_checkout):
         r = run_git(realtree_checkout, "apply", "--check", "--verbose", by_id[patch_id].path)
         assert r.returncode == 0, (patch_id, r.stderr)
         assert "with fuzz" not in r.stderr and "offset" not in r.stderr
-
-
-@pytest.fixture
-def reference_14_repo(tmp_path) -> Path:
-    """The vendored 1.4-era files as a git working tree."""
-    repo = tmp_path / "reference-1.4.0"
-    for rel in sorted(REFERENCE_SHA256) + ["aten/src/ATen/native/cuda/DilatedMaxPool2d.cu"]:
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_bytes((REFERENCE_14 / rel).read_bytes())
-    for args in (("init", "-q"), ("add", "-A"), ("commit", "-q", "-m", "1.4.0 reference")):
-        r = run_git(repo, *args)
-        assert r.returncode == 0, r.stderr
-    return repo
-
-
-def test_1_4_0_reference_files_are_the_recorded_ones():
-    readme = (REFERENCE_14 / "README.md").read_text()
-    for rel, digest in REFERENCE_SHA256.items():
-        assert hashlib.sha256((REFERENCE_14 / rel).read_bytes()).hexdigest() == digest, rel
-        assert digest in readme and rel in readme
-
-
-def test_1_4_0_series_applies_exactly_to_the_reference(reference_14_repo, patcher_cli):
-    result = patcher_cli("patches", "check", "--torch", "1.4.0", "--source", reference_14_repo)
-    assert result.exit_code == 0, result.stderr
-    assert "ok: all 4 patches of torch 1.4.0 apply exactly" in result.stdout
 
 
 # --- proof on a real torch -----------------------------------------------------------------------

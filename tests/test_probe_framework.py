@@ -40,7 +40,7 @@ EXPECTED_IDS = {
     "security.cve_2022_45907", "security.cve_2022_45907_bypass", "security.cve_2025_3730",
     "security.cve_2025_2953", "security.cve_2024_31580", "security.cve_2024_31583",
     "security.cve_2025_32434", "security.cve_2026_24747", "security.cve_2025_2148",
-    "security.cve_2025_55553",
+    "security.cve_2025_55553", "security.cve_2025_2998", "security.cve_2025_3001",
 }
 
 

@@ -40,6 +40,8 @@ EXPECTED_BULLSEYE = {
     "security.cve_2025_2148": ("fail", r"^killed by SIGSEGV \(exit -11\)$", False),
     # torch.fx came in 1.8 (1.7 has only the private prototype torch._fx; no assessment of 1.7.1)
     "security.cve_2025_55553": needs(">=1.8"),
+    "security.cve_2025_2998": needs(">=1.4,<1.5"),  # written and proven for 1.4's kernel (PT-0110)
+    "security.cve_2025_3001": needs(">=1.4,<1.5"),  # written and proven for 1.4's cells (PT-0111)
 }
 # The CUDA checks skip: for want of CUDA, or first because their op is newer than 1.7
 # (determinism.reflection_pad3d needs 1.10), which they say before they look for CUDA.

@@ -1,4 +1,4 @@
-"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0109).
+"""Security checks: one per backported CVE fix (patches PT-0101 to PT-0111).
 
 Each check feeds the vulnerable entry point a harmless trigger and passes when the input is
 refused cleanly.  A stock torch that still has the defect fails the check; the checks are not
@@ -588,6 +588,61 @@ def cve_2025_2148(ctx):
         return {"none_future": "refused: %s: %s" % (type(exc).__name__, _first_line(exc))}
     raise Finding("_call_end_callbacks_on_jit_fut accepted None for its Future argument",
                   {"none_future": "accepted"})
+
+
+# --- CVE-2025-2998: pad_packed_sequence trusts a hand-made PackedSequence's batch sizes ----------
+# Batch sizes that go up and down again end more sequences than the kernel's lengths array holds:
+# the kernel writes below the array on the heap.  Written and proven for 1.4's kernel (PT-0110);
+# the range widens once the check has been run on later releases.
+PAD_PACKED_TRIGGER_REPEATS = 4096
+
+
+@check("security.cve_2025_2998", torch=">=1.4,<1.5", device="cpu", patches=("PT-0110",), required=False,
+       isolate=True, timeout=60)
+def cve_2025_2998(ctx):
+    """pad_packed_sequence of batch sizes that increase again must raise (stock 1.4 corrupts the heap)."""
+    torch = ctx.torch
+    rnn = torch.nn.utils.rnn
+    # control: a packed batch made by pack_sequence pads back to its input
+    seqs = [torch.arange(3.0), torch.arange(2.0), torch.arange(1.0)]
+    padded, lengths = rnn.pad_packed_sequence(rnn.pack_sequence(seqs))
+    if lengths.tolist() != [3, 2, 1] or padded[:, 0].tolist() != [0.0, 1.0, 2.0]:
+        raise Fail("pad_packed_sequence no longer pads a packed batch back: lengths %r" % (lengths.tolist(),))
+    batch_sizes = torch.tensor([2, 1] * PAD_PACKED_TRIGGER_REPEATS, dtype=torch.int64)
+    data = torch.zeros(int(batch_sizes.sum()), 1)
+    details = {"batch_sizes": "[2, 1] x %d over %d rows" % (PAD_PACKED_TRIGGER_REPEATS, data.size(0))}
+    try:
+        rnn.pad_packed_sequence(rnn.PackedSequence(data, batch_sizes))
+    except (RuntimeError, ValueError) as exc:
+        details["result"] = "refused: %s: %s" % (type(exc).__name__, _first_line(exc))
+        return details
+    details["result"] = "accepted"
+    raise Finding("pad_packed_sequence accepted batch sizes that increase again (CVE-2025-2998): its kernel "
+                  "wrote past its lengths array", details)
+
+
+# --- CVE-2025-3001: an RNN cell splits gates of a shape it never checked ---------------------------
+# A hidden state of more dimensions passes RNNCellBase's size(0)/size(1) checks; linear() broadcasts
+# it and chunk() then returns fewer gate pieces than the cell indexes.  Written and proven for 1.4's
+# cells (PT-0111); the range widens once the check has been run on later releases.
+@check("security.cve_2025_3001", torch=">=1.4,<1.5", device="cpu", patches=("PT-0111",), required=False,
+       isolate=True, timeout=60)
+def cve_2025_3001(ctx):
+    """LSTMCell given a 5-D hidden state must raise (stock 1.4 reads gate pieces that do not exist)."""
+    torch = ctx.torch
+    cell = torch.nn.LSTMCell(1, 1)
+    # control: the same cell on (batch, hidden) states
+    hy, cy = cell(torch.zeros(1, 1), (torch.zeros(1, 1), torch.zeros(1, 1)))
+    if tuple(hy.shape) != (1, 1) or tuple(cy.shape) != (1, 1):
+        raise Fail("LSTMCell no longer returns (batch, hidden) states: %r, %r" % (tuple(hy.shape), tuple(cy.shape)))
+    details = {"hidden": "hx of shape (1, 1, 5, 127, 1), cx (1, 1), cell LSTMCell(1, 1)"}
+    try:
+        cell(torch.zeros(1, 1), (torch.zeros(1, 1, 5, 127, 1), torch.zeros(1, 1)))
+    except (RuntimeError, ValueError, IndexError) as exc:
+        details["result"] = "refused: %s: %s" % (type(exc).__name__, _first_line(exc))
+        return details
+    details["result"] = "accepted"
+    raise Finding("LSTMCell accepted a hidden state of 5 dimensions (CVE-2025-3001)", details)
 
 
 # --- CVE-2025-55553: FX writes the Python keyword `from` into the code it generates ------------
