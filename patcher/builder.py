@@ -294,41 +294,29 @@ def stage_image(b: Build) -> tuple[ImageOutcome, str]:
         reason = meaningful_line([ln for ln in lines if not ln.lstrip().startswith(
             ("Removing intermediate container", "---> "))])
         message = exc.message.split(" (last output:", 1)[0] + (f"; {reason}" if lines else "")
-        from_ref = dockerfile.image_from(b.spec, b.settings)
-        if lines and all(ln.startswith("Step 1/") for ln in lines) and b.engine.image_id(from_ref) is None:
-            # the build never got past FROM: the base image is not in the engine and cannot be pulled
-            from patcher.errors import BuildInputUnavailableError
-
-            raise BuildInputUnavailableError(
-                f"the builder's base image {from_ref} cannot be had here: it is not in the Docker engine and "
-                f"pulling it failed ({exc.message.split(' (last output:', 1)[0].split(': ', 1)[-1]})",
-                hint=f"a site provides it: `docker load` it into the engine, point the `registry` setting at a "
-                     f"registry that holds it (`patcher mirror sync` fills one), or name a rebuilt base in "
-                     f"[overrides.images] \"{b.spec.image.name}\" = \"REF@sha256:DIGEST\"; "
-                     f"`patcher mirror check --torch {b.spec.torch} --cuda {b.spec.cuda}` lists every input "
-                     "still missing") from None
         if mentions_disk_full(exc.message) or any(mentions_disk_full(ln) for ln in lines):
             from patcher.errors import DiskFullError
 
             raise DiskFullError(f"the image build of {b.spec.build_id} ran out of disk space: {message}",
                                 hint="free space on the engine's disk (docker system df)") from None
         if not base_present and b.engine.image_id(base_ref) is None:
+            pull_failure = exc.message.split(" (last output:", 1)[0].split(": ", 1)[-1]
             raise BaseImageUnavailableError(
-                f"the builder's base image {base_ref} is not on this engine and could not be pulled: {message}",
-                hint=base_image_way_out(b.spec)) from None
+                f"the builder's base image {base_ref} cannot be had here: it is not in the Docker engine and "
+                f"pulling it failed ({pull_failure})", hint=base_image_way_out(b.spec)) from None
         raise ImageBuildError(message, hint=f"full log: {b.workdir.log_path}") from None
     return ImageOutcome(image_id, False), f"{rendered.image_tag} built"
 
 
 def base_image_way_out(spec: BuildSpec) -> str:
-    """Where a site gets a base image from when nothing can be pulled (an air gap, this CI)."""
+    """How a site provides a base image when nothing can be pulled (an air gap, this CI)."""
     image = spec.image
-    make = (f"make it here with `patcher base-image --suite {image.codename}` and pin its digest in "
-            f"[overrides.images] \"{image.name}\"" if image.family == "debian" else
-            f"load a copy of {image.ref}@{image.digest} (docker load) or pin one you trust in "
-            f"[overrides.images] \"{image.name}\" (patcher base-image makes Debian images only)")
-    return (f"{make}; or point --registry / `registry` at a registry that serves it, or set `mirror` to a "
-            "site mirror whose images/ holds it (`patcher mirror sync --registry`)")
+    make = (f"make it with `patcher base-image --suite {image.codename}` and name it in "
+            if image.family == "debian" else "`docker load` a copy you trust into the engine, or name a rebuilt one in ")
+    return (f"a site provides it: {make}[overrides.images] \"{image.name}\" = \"REF@sha256:DIGEST\"; or point "
+            "--registry / the `registry` setting at a registry that holds it (`patcher mirror sync --registry` "
+            f"fills one); `patcher mirror check --torch {spec.torch} --cuda {spec.cuda}` lists every input still "
+            "missing")
 
 
 def stage_configure(b: Build) -> tuple[ContainerOutcome, str]:

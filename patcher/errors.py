@@ -165,13 +165,6 @@ class HostilePatchError(PatcherError):
     exit_code = 34
 
 
-class BuildInputUnavailableError(PatcherError):
-    """An input of the build cannot be had where it runs (the builder's base image is neither in
-    the engine nor pullable); the message names it and how a site provides it."""
-
-    exit_code = 35
-
-
 # --- build (4x) ---------------------------------------------------------------------------
 class DockerUnavailableError(PatcherError):
     exit_code = 40

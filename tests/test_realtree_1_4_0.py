@@ -20,6 +20,7 @@ import pytest
 
 from patcher import advisories, patches, spec
 from patcher.config import DEFAULT_CATALOG, Settings
+from patcher.errors import BaseImageUnavailableError
 from patcher.source import tree_hash
 
 TORCH = "1.4.0"
@@ -180,13 +181,14 @@ def test_the_main_job_as_a_site_runs_it(real_tree_1_4_0, upstream_git_mirror, do
     # the session's patcher cache already holds every object of the mirror: no second download
     env = {"PATCHER_CONFIG": str(config), "PATCHER_CACHE_DIR": str(real_tree_1_4_0.cache_dir)}
     build = patcher_cli("build", "--torch", TORCH, "--cuda", "10.1", env=env)
-    assert build.exit_code == 35, build.stderr
+    assert build.exit_code == BaseImageUnavailableError.exit_code, build.stderr
     assert "Traceback" not in build.stderr
     errors = [ln for ln in build.stderr.splitlines() if ln.startswith("patcher: error:")]
     assert len(errors) == 1 and build.stderr.rstrip("\n").endswith(errors[0]), build.stderr
     assert errors[0].startswith(f"patcher: error: the builder's base image {BASE_IMAGE} cannot be had here: "
                                 "it is not in the Docker engine and pulling it failed")
-    for way in ("`docker load`", "`registry` setting", "`patcher mirror sync`", '[overrides.images] "ubuntu-18_04"',
+    for way in ("`docker load`", "`registry` setting", "`patcher mirror sync --registry`",
+                '[overrides.images] "ubuntu-18_04"',
                 f"`patcher mirror check --torch {TORCH} --cuda 10.1`"):
         assert way in errors[0], way
 
