@@ -297,3 +297,8 @@ def test_every_unit_of_the_1_4_0_series_compiles(real_tree_1_4_0, bullseye_base_
     record = json.loads(out.read_text())
     assert (record["passed"], record["failed"]) == (9, 0)
     assert record["tree"]["patches"] == SERIES
+    if os.environ.get("PATCHER_RECORD_COMPILE_CHECK") == "1":  # make test-slow: the committed evidence, stamped
+        from patcher import slow_evidence
+
+        stamped = slow_evidence.stamp(record, DEFAULT_CATALOG / "patches", TORCH)
+        COMPILE_EVIDENCE.write_text(json.dumps(stamped, indent=2) + "\n")
