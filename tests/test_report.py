@@ -49,16 +49,20 @@ def assert_self_contained(page: str) -> _Refs:
     return refs
 
 
-# The 1.4.0 advisories still in triage at CVSS >= 7 (or unscored) for a wheel that carries the whole series.
-BLOCKING_140 = ("CVE-2024-31580", "CVE-2024-31583", "CVE-2024-31584", "CVE-2024-48063", "CVE-2025-2148")
+# The 1.4.0 advisories that keep a wheel carrying the whole series from green: exploitable (patcher's
+# assessments of the real tree) for the bundle's cu101 build.  A site that has ruled them out says so.
+BLOCKING_140 = ("CVE-2024-48063", "CVE-2025-3000", "CVE-2025-46148")
 
 
-def site_assessments(not_affected=BLOCKING_140, exploitable=()) -> str:
+def site_assessments(not_affected=BLOCKING_140, exploitable=(), in_triage=()) -> str:
     """A site's advisories file (the real feature: its assessments override patcher's)."""
     parts = ["schema = 1"]
     for ident in not_affected:
         parts.append(f'[assess."{ident}"."1.4.0"]\nstate = "not_affected"\njustification = "code_not_present"\n'
                      'absent = ["torch/csrc/jit/mobile/interpreter.cpp"]\ndetail = "the site builds without it"\n'
+                     'by = "site security team"')
+    for ident in in_triage:
+        parts.append(f'[assess."{ident}"."1.4.0"]\nstate = "in_triage"\ndetail = "not yet established here"\n'
                      'by = "site security team"')
     for ident in exploitable:
         parts.append(f'[assess."{ident}"."1.4.0"]\nstate = "exploitable"\ndetail = "reached from our service"\n'
@@ -90,20 +94,22 @@ def recertify(b, tmp_path, *, missing=(), failing=(), site=None):
     return series
 
 
-def test_report_of_a_fresh_certified_wheel_is_amber_and_names_why(certified_bundle):
+def test_report_of_a_fresh_certified_wheel_is_not_green_and_names_why(certified_bundle):
     """The bundle's probe report runs none of the checks its patches' Probe trailers name, and its VEX
     has advisories in triage at CVSS >= 7: the signature verifies, but the page is not green."""
     b = certified_bundle
     result = report.write_report(b.wheel, public_key=b.public_key, catalog=b.catalog)
     assert result.html == b.wheel.with_name(b.wheel.name + report.REPORT_SUFFIX)
-    assert result.verdict == "incomplete", result.checks
+    # red, not amber: patcher's assessments of the real 1.4.0 tree leave CVE-2024-48063 (RPC, built with
+    # USE_DISTRIBUTED in cu101) exploitable, and this site has not ruled it out
+    assert result.verdict == "failed", result.checks
     status = {c.name: c.status for c in result.checks}
-    assert status["signature"] == "ok" and status["patch proofs"] == "unproven" and status["advisories"] == "open"
+    assert status["signature"] == "ok" and status["patch proofs"] == "unproven" and status["advisories"] == "failed"
     page = result.html.read_text()
     assert_self_contained(page)
     top = page[page.index('id="verdict"'):page.index('id="checks"')]
-    assert "Every check below passed" not in page and "not everything is proven" in top
-    assert "maxpool2d.nhwc_large_channels not in the report" in top and "CVE-2024-48063 (CVSS 9.8)" in top
+    assert "Every check below passed" not in page and "this wheel FAILS a check" in top
+    assert "maxpool2d.nhwc_large_channels not in the report" in top and "exploitable: CVE-2024-48063" in top
     assert report.VERDICT_RULE in html.unescape(top)                                # the rule, in one sentence, under the verdict
     record = json.loads(b.record.read_text())
     assert record["wheel"]["sha256"] in page
