@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from git.cmd import Git
 
 from patcher.errors import FetchError, PatcherError, RemoteURLError, SubmodulePathError, SubmoduleURLError
+from patcher.setting_rules import shown
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -132,32 +133,32 @@ def validate_remote_url(value: str) -> str:
     (``ext::`` runs a command)."""
     if not isinstance(value, str) or not value:
         raise RemoteURLError("a git URL is empty")
-    shown = value.encode("unicode_escape").decode("ascii")
+    text = shown(value)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
-        raise RemoteURLError(f"git URL {shown!r} contains a control character")
+        raise RemoteURLError(f"git URL {text} contains a control character")
     if value.startswith("-"):
-        raise RemoteURLError(f"git URL {shown!r} begins with '-', which git would read as an option")
+        raise RemoteURLError(f"git URL {text} begins with '-', which git would read as an option")
     if _TRANSPORT_HELPER.match(value):
-        raise RemoteURLError(f"git URL {shown!r} names a transport helper ('::'); only "
+        raise RemoteURLError(f"git URL {text} names a transport helper ('::'); only "
                              f"{', '.join(s + '://' for s in ALLOWED_URL_SCHEMES)} and user@host:path are allowed")
     scheme = _SCHEME.match(value)
     if scheme:
         name = scheme.group(1).lower()
         if name not in ALLOWED_URL_SCHEMES:
-            raise RemoteURLError(f"git URL {shown!r} uses the scheme {name}://; only "
+            raise RemoteURLError(f"git URL {text} uses the scheme {name}://; only "
                                  f"{', '.join(s + '://' for s in ALLOWED_URL_SCHEMES)} and user@host:path are allowed")
         parts = urlsplit(value)
         if name == "file":
             if not parts.path.startswith("/"):
-                raise RemoteURLError(f"git URL {shown!r} has no absolute path")
+                raise RemoteURLError(f"git URL {text} has no absolute path")
         elif not parts.hostname or parts.hostname.startswith("-"):
-            raise RemoteURLError(f"git URL {shown!r} has no usable host")
+            raise RemoteURLError(f"git URL {text} has no usable host")
         return value
     if ":" not in value.split("/", 1)[0]:
         return value  # a local path (git reads it so when no ':' comes before the first '/')
     if _SCP_STYLE.match(value):
         return value
-    raise RemoteURLError(f"git URL {shown!r} is not one patcher accepts: use "
+    raise RemoteURLError(f"git URL {text} is not one patcher accepts: use "
                          f"{', '.join(s + '://' for s in ALLOWED_URL_SCHEMES)}, user@host:path or a local path")
 
 
@@ -271,16 +272,16 @@ def check_gitmodules(repo: Path, commit: str, parent_upstream: str, prefix: str 
     resolved against the parent's) passes validate_remote_url, its path and name stay inside
     the tree.  Refusals name the submodule (SubmoduleURLError, SubmodulePathError)."""
     for name, path, url in gitmodules_entries(repo, commit):
-        shown = f"submodule {name!r} (path {prefix + path!r})"
+        which = f"submodule {name!r} (path {prefix + path!r})"
         for what, value in (("path", path), ("name", name)):
             why = unsafe_submodule_path(value)
             if why:
-                raise SubmodulePathError(f"{shown} in .gitmodules of {commit[:12]}: its {what} {why}",
+                raise SubmodulePathError(f"{which} in .gitmodules of {commit[:12]}: its {what} {why}",
                                          hint="the tree is not one patcher fetches; check the mirror's copy")
         if not url:
             continue
         try:
             validate_remote_url(resolve_relative(url, parent_upstream))
         except RemoteURLError as exc:
-            raise SubmoduleURLError(f"{shown} in .gitmodules of {commit[:12]}: {exc.message}",
+            raise SubmoduleURLError(f"{which} in .gitmodules of {commit[:12]}: {exc.message}",
                                     hint="the tree is not one patcher fetches; check the mirror's copy") from None
