@@ -21,20 +21,13 @@ import pytest
 from patcher import advisories, patches, spec
 from patcher.config import DEFAULT_CATALOG, Settings
 from patcher.errors import BaseImageUnavailableError
-from patcher.source import tree_hash
+from tests.fixtures.realtree import apply_series_exactly, git
 
 TORCH = "1.4.0"
 TAG_COMMIT = "7f73f1d591afba823daa4a99a939217fb54d7688"
 SERIES = ["PT-0001", "PT-0101", "PT-0102", "PT-0103", "PT-0104", "PT-0105", "PT-0110", "PT-0111"]
 # advisories whose 1.4.0 state rests on claims about source (paths, text, build guards)
 TREE_CLAIMS = 53
-
-
-def git(cwd, *args) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@patcher.invalid",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@patcher.invalid")
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +79,7 @@ def test_each_patch_is_made_against_the_real_tree(v140_worktree):
 
 @pytest.mark.realtree
 def test_the_series_applies_exactly_one_commit_per_patch(v140_worktree, patcher_cli):
-    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", v140_worktree)
-    assert check.exit_code == 0, check.stderr
-    assert f"ok: all {len(SERIES)} patches of torch {TORCH} apply exactly" in check.stdout
-
-    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", v140_worktree, "--json")
-    assert applied.exit_code == 0, applied.stderr
-    result = patches.PatchedTree.from_json(json.loads(applied.stdout))
-    assert result.base == TAG_COMMIT and [p.id for p in result.patches] == SERIES
-    log = git(v140_worktree, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
-              f"{TAG_COMMIT}..HEAD").splitlines()
-    assert log == SERIES
-    assert result.tree_hash == tree_hash(v140_worktree)
+    apply_series_exactly(patcher_cli, TORCH, v140_worktree, TAG_COMMIT, SERIES)
     assert git(v140_worktree, "status", "--porcelain") == ""
     # what the backports changed is in the tree
     mobile = (v140_worktree / "torch/csrc/jit/mobile/interpreter.cpp").read_text()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,9 @@ import pytest
 from patcher import advisories, patches, slow_evidence
 from patcher.config import DEFAULT_CATALOG
 from patcher.probe import all_check_ids
-from patcher.source import tree_hash
 from tests.fixtures.common import run_patcher
 from tests.fixtures.docker_env import LocalImage, build_inline, image_with_label, machine_lock
+from tests.fixtures.realtree import apply_series_exactly, git
 
 TORCH = "2.6.0"
 TRIXIE_BASE_TAG = "patcher-test/debian:trixie-minbase"
@@ -31,13 +30,6 @@ TRIXIE_TORCH_LABEL = "org.patcher.test-torch-base-id"
 NO_CUDA = "needs CUDA; this torch is built without CUDA"
 SERIES = ["PT-0101", "PT-0102", "PT-0103", "PT-0105", "PT-0107", "PT-0108", "PT-0201", "PT-0202", "PT-0904",
           "PT-0907", "PT-0908"]
-
-
-def git(cwd, *args) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@patcher.invalid",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@patcher.invalid")
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
 
 
 # --- images ---------------------------------------------------------------------------------------
@@ -88,18 +80,7 @@ def test_the_series_applies_exactly_to_the_real_tree(realtree_checkout_260, real
     assert series.ids == SERIES
     for patch in series.patches:
         assert patch.applies_to == f"=={TORCH}" and patch.upstream_tests, patch.id
-    check = patcher_cli("patches", "check", "--torch", TORCH, "--source", realtree_checkout_260)
-    assert check.exit_code == 0, check.stderr
-    assert f"ok: all {len(series.patches)} patches of torch {TORCH} apply exactly" in check.stdout
-
-    applied = patcher_cli("patches", "apply", "--torch", TORCH, "--source", realtree_checkout_260, "--json")
-    assert applied.exit_code == 0, applied.stderr
-    result = patches.PatchedTree.from_json(json.loads(applied.stdout))
-    assert result.base == realtree_mirror_260.commit and [p.id for p in result.patches] == SERIES
-    log = git(realtree_checkout_260, "log", "--reverse", "--format=%(trailers:key=Patch-Id,valueonly,separator=)",
-              f"{realtree_mirror_260.commit}..HEAD").splitlines()
-    assert log == SERIES
-    assert result.tree_hash == tree_hash(realtree_checkout_260)
+    result = apply_series_exactly(patcher_cli, TORCH, realtree_checkout_260, realtree_mirror_260.commit, SERIES)
     # what the ports changed is in the tree
     upgrader = (realtree_checkout_260 / "torch/csrc/jit/mobile/parse_bytecode.cpp").read_text()
     assert "refers to operator" in upgrader
