@@ -18,10 +18,10 @@ def _top(page_text: str) -> str:
     return page_text[:page_text.index("Checks Built from")]
 
 
-def b_series(b):
-    from patcher.patches import load_series
-
-    return load_series(b.catalog / "patches", "1.4.0").patches
+def recertified_report(b, tmp_path, **recertify_args):
+    """The bundle certified again (tests.test_report.recertify) and its report written: (series, result)."""
+    series = recertify(b, tmp_path, **recertify_args)
+    return series, report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
 
 
 def test_all_parts_passing_is_green(certified_bundle, tmp_path):
@@ -31,7 +31,7 @@ def test_all_parts_passing_is_green(certified_bundle, tmp_path):
     assert result.verdict == "verified", result.checks
     assert {c.name: c.status for c in result.checks}["advisories"] == "ok"
     text = render_and_check(result.html, tmp_path, ["Signature verified. Every check below passed.",
-                                                    f"every one of the {len(b_series(b))} patches' Probe checks ran "
+                                                    f"every one of the {len(series.patches)} patches' Probe checks ran "
                                                     "and passed",
                                                     "ran 2026-01-02T05:10:00Z with /opt/probe/venv/bin/python"], GREEN)
     # certify signed each patch's subject and trailers: the table needs no catalog (none was given)
@@ -48,19 +48,17 @@ def test_all_parts_passing_is_green(certified_bundle, tmp_path):
 
 def test_a_patch_whose_probe_checks_did_not_run_is_not_green(certified_bundle, tmp_path):
     b = certified_bundle
-    recertify(b, tmp_path, missing=("security.cve_2025_2953",))
-    result = report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
+    series, result = recertified_report(b, tmp_path, missing=("security.cve_2025_2953",))
     assert result.verdict == "incomplete", result.checks
     text = render_and_check(result.html, tmp_path, ["not everything is proven"], AMBER)
-    assert f"patch proofs: unproven: 1 of {len(b_series(b))} patches not proven by a passing probe check: PT-0103: " \
+    assert f"patch proofs: unproven: 1 of {len(series.patches)} patches not proven by a passing probe check: PT-0103: " \
            "security.cve_2025_2953 not in the report" in _top(text)
     assert "Every check below passed" not in text
 
 
 def test_a_failed_patch_probe_check_is_red(certified_bundle, tmp_path):
     b = certified_bundle
-    recertify(b, tmp_path, failing=("security.cve_2022_45907",))
-    result = report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
+    _, result = recertified_report(b, tmp_path, failing=("security.cve_2022_45907",))
     assert result.verdict == "failed", result.checks
     text = render_and_check(result.html, tmp_path, ["this wheel FAILS a check"], RED)
     assert "PT-0101: security.cve_2022_45907 fail" in _top(text)
@@ -69,10 +67,9 @@ def test_a_failed_patch_probe_check_is_red(certified_bundle, tmp_path):
 def test_an_advisory_in_triage_at_cvss_7_or_more_is_not_green(certified_bundle, tmp_path):
     b = certified_bundle
     # the site reopens two advisories: one at CVSS 9.8, one at 4.8
-    recertify(b, tmp_path, site=site_assessments(
+    _, result = recertified_report(b, tmp_path, site=site_assessments(
         not_affected=[a for a in BLOCKING_140 if a != "CVE-2024-48063"],
         in_triage=("CVE-2024-48063", "CVE-2025-2998")))
-    result = report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
     assert result.verdict == "incomplete", result.checks
     assert {c.name: c.status for c in result.checks}["patch proofs"] == "ok"
     text = render_and_check(result.html, tmp_path, ["not everything is proven"], AMBER)
@@ -83,8 +80,7 @@ def test_an_advisory_in_triage_at_cvss_7_or_more_is_not_green(certified_bundle, 
 
 def test_an_exploitable_advisory_is_red(certified_bundle, tmp_path):
     b = certified_bundle
-    recertify(b, tmp_path, site=site_assessments(exploitable=("CVE-2025-2998",)))
-    result = report.write_report(b.wheel, out=tmp_path / "r.html", public_key=b.public_key, catalog=b.catalog)
+    _, result = recertified_report(b, tmp_path, site=site_assessments(exploitable=("CVE-2025-2998",)))
     assert result.verdict == "failed", result.checks
     text = render_and_check(result.html, tmp_path, ["this wheel FAILS a check"], RED)
     assert "advisories: failed: 1 exploitable: CVE-2025-2998" in _top(text)
