@@ -201,7 +201,7 @@ class CatalogByContent:
         return self._history.get(sha256)
 
     def _read_history(self, names: set[str]) -> dict[str, tuple[str, bytes]]:
-        from patcher.source import GitCommandFailed, run_git
+        from patcher.gitrun import GitCommandFailed, run_git
 
         folder = f"patches/{self.torch}/"
         found: dict[str, tuple[str, bytes]] = {}
